@@ -1,0 +1,44 @@
+"""`python -m scripts.matrix`: print a profile's variants as JSON (CI's generate-matrix job) or a table."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+from scripts.variants import PACKAGES, PLATFORMS, Variant, VariantError, load
+
+
+def table(variants: list[Variant], title: str) -> Table:
+    out = Table(title=title)
+    for col in ("name", "platform", "torch", "CUDA", "Python", "build tag", "arch list", "wheel", "note"):
+        out.add_column(col)
+    for v in variants:
+        out.add_row(v.name, v.platform, v.torch_version, v.cuda, v.python, v.build_tag,
+                    v.cuda_arch_list, v.wheel, "substitute" if v.substitute else "")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m scripts.matrix", description=__doc__)
+    parser.add_argument("--package", required=True, choices=PACKAGES)
+    parser.add_argument("--profile", default="default")
+    parser.add_argument("--platform", choices=PLATFORMS, help="only this platform (default: both)")
+    parser.add_argument("--format", choices=("json", "table"), default="table")
+    args = parser.parse_args(argv)
+    try:
+        variants = load(args.package).select(args.profile, args.platform)
+    except VariantError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.format == "json":
+        print(json.dumps([v.to_json() for v in variants], indent=2))
+    else:
+        Console().print(table(variants, f"{args.package} · profile {args.profile} · {len(variants)} variants"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,303 @@
+"""The build matrix, read from variants/: rows × platforms → conda variants, and profiles that pick them.
+
+Everything that builds, tests or documents a variant goes through `load()` so that the data is
+validated once, with errors that name the file, the row and what is supported.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+import jsonschema
+import yaml
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+ROOT = Path(__file__).resolve().parent.parent
+VARIANTS_DIR = ROOT / "variants"
+PLATFORMS = ("linux-64", "win-64")
+PACKAGES = ("sageattention", "sageattn3")
+_PLATFORM_WORD = {"linux-64": "linux", "win-64": "windows"}
+
+
+class VariantError(ValueError):
+    """Bad variant data, unknown package or profile: raised before anything is built."""
+
+
+def _minor(version: str) -> str:
+    return ".".join(version.split(".")[:2])
+
+
+def _digits(version: str) -> str:
+    return version.replace(".", "")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One conda build (and the wheel exported from it): a package on a platform for torch × CUDA × Python."""
+
+    package: str
+    version: str
+    short: str
+    import_name: str
+    recipe: str
+    platform: str
+    row_set: str  # "seed" or "current"
+    python: str
+    requested_torch: str  # the row as written (seed documents' versions)
+    requested_cuda: str
+    torch_version: str  # what the conda build uses (differs when the row names a substitute)
+    cuda: str
+    substitute: str | None
+    cuda_arch_list: str
+    toolchain: dict = field(compare=False, hash=False)
+    wheel_platform: str = ""
+    wheel_requires: tuple[str, ...] = ()
+
+    @property
+    def torch(self) -> str:
+        return _minor(self.torch_version)
+
+    @property
+    def name(self) -> str:
+        """Target name in the seed documents' style, e.g. linux-sage3-pytorch28-cu129-python312."""
+        return (f"{_PLATFORM_WORD[self.platform]}-{self.short}-pytorch{_digits(_minor(self.requested_torch))}"
+                f"-cu{_digits(_minor(self.requested_cuda))}-python{_digits(self.python)}")
+
+    @property
+    def build_tag(self) -> str:
+        """PEP 427 build tag: torch major+minor then 0, dot, CUDA major+minor (280.129)."""
+        return f"{_digits(self.torch)}0.{_digits(self.cuda)}"
+
+    @property
+    def build_string_prefix(self) -> str:
+        return f"cu{_digits(self.cuda)}torch{_digits(self.torch)}py{_digits(self.python)}"
+
+    @property
+    def python_tag(self) -> str:
+        return f"cp{_digits(self.python)}"
+
+    @property
+    def wheel(self) -> str:
+        tag = self.python_tag
+        return f"{self.package}-{self.version}-{self.build_tag}-{tag}-{tag}-{self.wheel_platform}.whl"
+
+    @property
+    def index_page(self) -> str:
+        """Per-variant find-links directory name: pip picks by torch from these, not by build tag."""
+        return f"cu{_digits(self.cuda)}-torch{self.torch}"
+
+    @property
+    def local_version(self) -> str:
+        return f"{self.version}+cu{_digits(self.cuda)}torch{self.torch}"
+
+    def variant_config(self) -> dict[str, str]:
+        """The keys rattler-build's variant config needs for this build (all zipped, one value each)."""
+        return {
+            "python": self.python,
+            "pytorch": self.torch,
+            "cuda_compiler": self.toolchain["cuda_compiler"],
+            "cuda_compiler_version": self.cuda,
+            "cuda_arch_list": self.cuda_arch_list,
+            **{k: v for k, v in self.toolchain.items() if k != "cuda_compiler"},
+        }
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.name,
+            "package": self.package,
+            "version": self.version,
+            "platform": self.platform,
+            "set": self.row_set,
+            "python": self.python,
+            "torch": self.torch,
+            "torch_version": self.torch_version,
+            "cuda": self.cuda,
+            "requested": {"torch": self.requested_torch, "cuda": self.requested_cuda},
+            "substitute": self.substitute,
+            "build_tag": self.build_tag,
+            "cuda_arch_list": self.cuda_arch_list,
+            "recipe": self.recipe,
+            "conda_build_string": f"{self.build_string_prefix}h*_0",
+            "conda_spec": f"{self.package} {self.version} {self.build_string_prefix}*",
+            "wheel": self.wheel,
+            "index_page": self.index_page,
+            "variant_config": self.variant_config(),
+        }
+
+
+@dataclass(frozen=True)
+class Unavailable:
+    """A row that conda-forge can't build on a platform (kept so the docs can show it)."""
+
+    package: str
+    platform: str
+    torch: str
+    cuda: str
+    python: tuple[str, ...]
+    why: str
+
+
+@dataclass
+class Matrix:
+    package: str
+    variants: list[Variant]
+    unavailable: list[Unavailable]
+    profiles: dict[str, dict]
+
+    def select(self, profile: str, platform: str | None = None) -> list[Variant]:
+        if profile not in self.profiles:
+            raise VariantError(f"unknown profile {profile!r} for {self.package}; "
+                               f"supported: {', '.join(self.profiles)}")
+        spec = self.profiles[profile]
+        chosen = [v for v in self.variants
+                  if (platform is None or v.platform == platform)
+                  and any(_matches(v, sel) for sel in spec["select"])]
+        if spec.get("newest_python"):
+            newest: dict[tuple, Variant] = {}
+            for v in chosen:
+                key = (v.platform, v.requested_torch, v.requested_cuda)
+                if key not in newest or Version(v.python) > Version(newest[key].python):
+                    newest[key] = v
+            chosen = [v for v in chosen if newest[(v.platform, v.requested_torch, v.requested_cuda)] is v]
+        return chosen
+
+
+def _matches(v: Variant, sel: dict) -> bool:
+    wanted = {"set": v.row_set, "torch": _minor(v.requested_torch),
+              "cuda": _minor(v.requested_cuda), "python": v.python}
+    return all(wanted[k] == val for k, val in sel.items())
+
+
+def _read(path: Path, definition: str) -> dict:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise VariantError(f"{path}: cannot read variant data: {exc}") from exc
+    schema = yaml.safe_load((path.parent / "schema.yaml").read_text())
+    validator = jsonschema.Draft202012Validator({**schema, "$ref": f"#/$defs/{definition}"})
+    errors = sorted(validator.iter_errors(data), key=lambda e: list(e.absolute_path))
+    if errors:
+        where = "/".join(str(p) for p in errors[0].absolute_path) or "(top level)"
+        raise VariantError(f"{path.name}: bad variant data at {where}: {errors[0].message}")
+    return data
+
+
+class _Facts:
+    """conda-forge facts and toolchain pairing, used to check and complete every row."""
+
+    def __init__(self, root: Path):
+        self.forge = _read(root / "conda-forge.yaml", "conda_forge")
+        self.toolchain = _read(root / "toolchain.yaml", "toolchain")
+
+    def cuda_lines(self, platform: str, torch: str) -> list[str]:
+        return [b["cuda"] for b in self.forge["pytorch_cuda_builds"][platform]
+                if Version(torch) in SpecifierSet(b["torch"])]
+
+    def pythons(self, torch: str) -> list[str]:
+        return [py for entry in self.forge["pytorch_python"]
+                if Version(torch) in SpecifierSet(entry["torch"]) for py in entry["python"]]
+
+    def describe(self, platform: str) -> str:
+        return ", ".join(f"CUDA {b['cuda']} for torch {b['torch']}"
+                         for b in self.forge["pytorch_cuda_builds"][platform])
+
+    def archs(self, wanted: list[str], cuda: str) -> list[str]:
+        table = self.toolchain["nvcc_archs"]
+        unknown = [a for a in wanted if a not in table]
+        if unknown:
+            raise VariantError(f"toolchain.yaml: no nvcc_archs entry for compute capability {', '.join(unknown)}")
+        return [a for a in wanted if Version(table[a]["since"]) <= Version(cuda)
+                and ("until" not in table[a] or Version(cuda) < Version(table[a]["until"]))]
+
+    def toolchain_for(self, platform: str, cuda: str) -> dict:
+        tc = self.toolchain
+        base = {k: v for k, v in tc["platforms"][platform].items() if k != "wheel_platform"}
+        base["cuda_compiler"] = tc["cuda_compiler"]
+        if platform == "linux-64":
+            if cuda not in tc["cuda_linux"]:
+                raise VariantError(f"toolchain.yaml: no compiler pairing for CUDA {cuda} on linux-64; "
+                                   f"known: {', '.join(tc['cuda_linux'])}")
+            pair = tc["cuda_linux"][cuda]
+            base.update(c_compiler_version=pair["c_compiler_version"],
+                        cxx_compiler_version=pair["c_compiler_version"],
+                        c_stdlib_version=pair["c_stdlib_version"])
+        return base
+
+
+@lru_cache(maxsize=None)
+def load(package: str, root: Path = VARIANTS_DIR) -> Matrix:
+    """Read and validate one package's matrix; raises VariantError naming the problem."""
+    if package not in PACKAGES:
+        raise VariantError(f"unknown package {package!r}; supported: {', '.join(PACKAGES)}")
+    spec = _read(root / f"{package}.yaml", "package")
+    current = _read(root / "current.yaml", "current")
+    facts = _Facts(root)
+    if spec["arch_list"] not in spec["arch_lists"]:
+        raise VariantError(f"{package}.yaml: arch_list {spec['arch_list']!r} is not one of "
+                           f"{', '.join(spec['arch_lists'])}")
+    rows = [("seed", r) for r in spec["seed_rows"]] + [("current", r) for r in current["rows"]]
+    variants: list[Variant] = []
+    unavailable: list[Unavailable] = []
+    for row_set, row in rows:
+        for platform in PLATFORMS:
+            made = _expand(spec, facts, row_set, row, platform)
+            if isinstance(made, Unavailable):
+                unavailable.append(made)
+            else:
+                variants.extend(made)
+    _check_unique(package, variants)
+    profiles = {**spec["profiles"], **current["profiles"]}
+    matrix = Matrix(package, variants, unavailable, profiles)
+    for name in profiles:
+        if not matrix.select(name):
+            raise VariantError(f"{package}: profile {name!r} selects no variant; check its select entries")
+    return matrix
+
+
+def _expand(spec: dict, facts: _Facts, row_set: str, row: dict, platform: str):
+    package = spec["package"]
+    label = f"{package} row torch {row['torch']} + CUDA {row['cuda']} on {platform}"
+    mapping = row.get("conda", {}).get(platform, {})
+    if "unavailable" in mapping:
+        return Unavailable(package, platform, row["torch"], row["cuda"], tuple(row["python"]), mapping["unavailable"])
+    torch = mapping.get("torch", row["torch"])
+    cuda = mapping.get("cuda", _minor(row["cuda"]))
+    min_cuda = spec.get("min_cuda")
+    for asked in {_minor(row["cuda"]), cuda}:
+        if min_cuda and Version(asked) < Version(min_cuda):
+            raise VariantError(f"{spec['short'].capitalize()} is only supported on CUDA {min_cuda} and above "
+                               f"({label} asks for CUDA {asked})")
+    if cuda not in facts.cuda_lines(platform, torch):
+        hint = "" if mapping else "; name a substitute under conda:" + f" {platform} or mark it unavailable"
+        raise VariantError(f"{label}: conda-forge has no pytorch {torch} build with CUDA {cuda} on {platform} "
+                           f"(it ships {facts.describe(platform)}){hint}")
+    missing = [py for py in row["python"] if py not in facts.pythons(torch)]
+    if missing:
+        raise VariantError(f"{label}: conda-forge has no pytorch {torch} for Python {', '.join(missing)} "
+                           f"(supported: {', '.join(facts.pythons(torch))})")
+    archs = facts.archs(spec["arch_lists"][spec["arch_list"]], cuda)
+    if not archs:
+        raise VariantError(f"{label}: nvcc {cuda} can target none of {spec['arch_list']} archs")
+    substitute = None
+    if mapping:
+        substitute = f"torch {torch} + CUDA {cuda} instead of torch {row['torch']} + CUDA {row['cuda']}: {mapping['why']}"
+    return [Variant(package=package, version=spec["version"], short=spec["short"], import_name=spec["import"],
+                    recipe=spec["recipe"], platform=platform, row_set=row_set, python=py,
+                    requested_torch=row["torch"], requested_cuda=row["cuda"], torch_version=torch, cuda=cuda,
+                    substitute=substitute, cuda_arch_list=";".join(archs),
+                    toolchain=facts.toolchain_for(platform, cuda),
+                    wheel_platform=facts.toolchain["platforms"][platform]["wheel_platform"],
+                    wheel_requires=tuple(spec.get("wheel_requires", {}).get(platform, ())))
+            for py in row["python"]]
+
+
+def _check_unique(package: str, variants: list[Variant]) -> None:
+    seen: dict[tuple, Variant] = {}
+    for v in variants:
+        key = (v.platform, v.torch, v.cuda, v.python)
+        if key in seen:
+            raise VariantError(f"{package}: {v.name} and {seen[key].name} both build torch {v.torch} + "
+                               f"CUDA {v.cuda} + Python {v.python} on {v.platform}; drop or remap one")
+        seen[key] = v

@@ -1,0 +1,115 @@
+"""Both recipes and pixi.toml: schema-valid, and every variant renders offline with rattler-build's engine."""
+import dataclasses
+import json
+import re
+import tomllib
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from scripts.render import render
+from scripts.variants import ROOT, load
+
+SCHEMAS = ROOT.parent / "shared" / "schemas"
+RECIPES = ["recipes/sageattention/recipe.yaml", "recipes/sageattn3/recipe.yaml"]
+CUDA_DEV = ["cuda-cudart-dev", "libcublas-dev", "libcusparse-dev", "libcusolver-dev"]
+
+
+def validate(document, schema_name):
+    schema = json.loads((SCHEMAS / schema_name).read_text())
+    errors = [e.message for e in jsonschema.Draft7Validator(schema).iter_errors(document)]
+    assert errors == []
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_recipe_matches_the_v1_schema(recipe):
+    validate(yaml.safe_load((ROOT / recipe).read_text()), "rattler-recipe.schema.json")
+
+
+def test_pixi_manifest_matches_the_schema_and_has_the_tasks():
+    manifest = tomllib.loads((ROOT / "pixi.toml").read_text())
+    validate(manifest, "pixi-manifest.schema.json")
+    assert manifest["workspace"]["channels"] == ["conda-forge"]
+    assert manifest["workspace"]["platforms"] == ["linux-64", "win-64"]
+    tasks = {name: task for feature in manifest["feature"].values() for name, task in feature.get("tasks", {}).items()}
+    assert {"build-sage2", "build-sage3", "matrix", "export-wheels", "check-wheels", "index", "test", "bench"} <= set(tasks)
+    for task, package in (("build-sage2", "sageattention"), ("build-sage3", "sageattn3")):
+        assert tasks[task]["args"] == [{"arg": "profile", "default": "default"}]
+        assert f"--package {package} --profile {{{{ profile }}}}" in tasks[task]["cmd"]
+    assert tasks["bench"]["cmd"] == "python -m bench.run"
+    pypi = manifest["feature"]["test"]["pypi-dependencies"]
+    assert pypi["sageattention"] == {"path": ".", "editable": True, "extras": ["test"]}
+    assert pypi["sageattn3"] == {"path": "./sageattention3_blackwell", "editable": True}
+
+
+@pytest.fixture(scope="module")
+def rendered():
+    variants = load("sageattention").variants + load("sageattn3").variants
+    return render(variants)
+
+
+def test_every_variant_renders_and_none_is_skipped(rendered):
+    assert len(rendered) == len(load("sageattention").variants) + len(load("sageattn3").variants)
+    assert [v.name for v, out in rendered.items() if out is None] == []
+
+
+def test_build_strings_encode_cuda_torch_python_and_hash(rendered):
+    for v, out in rendered.items():
+        string = out["recipe"]["build"]["string"]
+        assert re.fullmatch(rf"{v.build_string_prefix}h[0-9a-f]{{7}}_0", string), (v.name, string)
+    strings = [out["recipe"]["build"]["string"] for out in rendered.values()]
+    assert any(s.startswith("cu129torch28py312h") for s in strings)
+    assert any(s.startswith("cu130torch210py314h") for s in strings)
+
+
+def test_requirements_pin_the_variant(rendered):
+    for v, out in rendered.items():
+        req = out["recipe"]["requirements"]
+        assert req["host"] == ["python", "pip", "setuptools", f"pytorch {v.torch}.*", "pytorch * cuda*",
+                               f"cuda-version {v.cuda}.*", *CUDA_DEV], v.name
+        triton = ["triton"] if v.package == "sageattention" and v.platform == "linux-64" else []
+        assert req["run"] == ["python", "pytorch * cuda*", *triton], v.name
+        build = req["build"]
+        assert f"cuda-nvcc_{v.platform} {v.cuda}.*" in build
+        if v.platform == "linux-64":
+            gcc = v.toolchain["c_compiler_version"]
+            assert build[:2] == [f"gcc_linux-64 {gcc}.*", f"gxx_linux-64 {gcc}.*"]
+            assert f"sysroot_linux-64 {v.toolchain['c_stdlib_version']}.*" in build
+        else:
+            assert build[:2] == ["vs2022_win-64", "vs2022_win-64"]
+
+
+def test_script_forwards_arch_list_and_jobs(rendered):
+    for v, out in rendered.items():
+        script = out["recipe"]["build"]["script"]
+        assert script["env"] == {"SAGE_BUILD_CUDA": "1", "TORCH_CUDA_ARCH_LIST": v.cuda_arch_list, "MAX_JOBS": "4"}
+        assert script["content"] == "python -m pip install . -vv --no-deps --no-build-isolation"
+        assert out["build_configuration"]["variant"]["cuda_arch_list"] == v.cuda_arch_list
+
+
+def test_package_tests_import_and_pip_check(rendered):
+    for v, out in rendered.items():
+        (test,) = out["recipe"]["tests"]
+        assert test["python"]["imports"] == [v.import_name]
+        # rattler-build leaves out pip_check when it is the default (true).
+        expected = v.package == "sageattention" and v.platform == "win-64"
+        assert test["python"].get("pip_check", True) is not expected
+
+
+def test_sage3_recipe_skips_cuda_below_128_and_sage2_does_not():
+    def on_cuda_126(v):
+        return dataclasses.replace(v, cuda="12.6", torch_version="2.6.0",
+                                   toolchain={**v.toolchain, "c_compiler_version": "13", "cxx_compiler_version": "13"})
+    sage3 = next(v for v in load("sageattn3").variants if v.platform == "linux-64")
+    sage2 = next(v for v in load("sageattention").variants if v.platform == "linux-64" and v.cuda == "12.9")
+    out = render([on_cuda_126(sage3), on_cuda_126(sage2), sage3])
+    assert list(out.values())[0] is None
+    assert list(out.values())[1] is not None and list(out.values())[2] is not None
+
+
+def test_recipe_source_paths_point_at_the_packages():
+    assert yaml.safe_load((ROOT / RECIPES[0]).read_text())["source"]["path"] == "../.."
+    assert yaml.safe_load((ROOT / RECIPES[1]).read_text())["source"]["path"] == "../../sageattention3_blackwell"
+    assert (ROOT / "recipes/sageattention/../../pyproject.toml").resolve() == Path(ROOT / "pyproject.toml")
