@@ -1,0 +1,141 @@
+"""The public API: upstream SageAttention 2.2's names, parameters and defaults, plus masks, GQA and LSE."""
+from __future__ import annotations
+
+import torch
+
+from . import dispatch, inputs, ops
+from .quant_groups import check_granularity
+
+# pv_accum_dtype -> (two-level accumulation, fp16 per-block accumulator)
+_PV_ACCUM = {
+    "fp32": (False, False),
+    "fp32+fp32": (True, False),
+    "fp32+fp16": (True, True),
+    "fp16+fp32": (True, True),
+    # An fp16 running accumulator overflows for large V; "fp16" runs as "fp16+fp32".
+    "fp16": (True, True),
+}
+FP16_PV_ACCUM = ("fp32", "fp16+fp32", "fp16")
+FP8_PV_ACCUM = ("fp32", "fp32+fp32", "fp32+fp16")
+SM90_PV_ACCUM = ("fp32", "fp32+fp32")
+QUANT_BACKENDS = ("triton", "cuda")
+
+SAGEATTN_KWARGS = ("attn_mask", "dropout_p", "smooth_k", "smooth_v", "qk_quant_gran", "pv_accum_dtype",
+                   "quantization_backend")
+
+
+def _attention(fn_name, q, k, v, *, tensor_layout, is_causal, sm_scale, qk_quant_gran, pv_fp8, pv_accum_dtype,
+               accum_choices, smooth_k, smooth_v, return_lse, attn_mask=None, dropout_p=0.0, cuda_variant="",
+               only_archs=None):
+    b, hq, _, nq, nk = inputs.check_dense(q, k, v, tensor_layout)
+    check_granularity(qk_quant_gran)
+    if pv_accum_dtype not in accum_choices:
+        raise ValueError(f"{fn_name}: pv_accum_dtype={pv_accum_dtype!r} is not supported; use one of {accum_choices}")
+    inputs.check_dropout(dropout_p)
+    scale = inputs.resolve_sm_scale(sm_scale, q.shape[-1])
+    mask = inputs.expand_mask(attn_mask, q, (b, hq, nq, nk))
+    dispatch.check_supported(q.device, needs_fp8=pv_fp8, only=only_archs)
+    two_level, inner_fp16 = _PV_ACCUM[pv_accum_dtype]
+    inner_fp16 = inner_fp16 and (pv_fp8 or q.dtype == torch.float16)  # no bf16 x bf16 -> fp16 product
+    out, lse = ops.run_attention(q, k, v, mask, tensor_layout, bool(is_causal), scale, qk_quant_gran, pv_fp8,
+                                 two_level, inner_fp16, bool(smooth_k), bool(smooth_v), bool(return_lse), cuda_variant)
+    return (out, lse) if return_lse else out
+
+
+def sageattn(q, k, v, tensor_layout="HND", is_causal=False, sm_scale=None, return_lse=False, **kwargs):
+    """Quantized attention, a drop-in for scaled_dot_product_attention; picks the fastest kernel for the GPU.
+
+    q: [B, Hq, Nq, D] ("HND") or [B, Nq, Hq, D] ("NHD"); k, v likewise with Hk heads (Hk divides Hq).
+    Keyword arguments of the named variants are forwarded (smooth_k, smooth_v, qk_quant_gran,
+    pv_accum_dtype, quantization_backend); attn_mask (bool, True = attend, or additive) and
+    dropout_p=0.0 are accepted like SDPA. Returns out (q's layout and dtype), or (out, lse) with
+    lse [B, Hq, Nq] fp32 natural-log logsumexp of the scaled scores."""
+    inputs.check_kwargs("sageattn", kwargs, SAGEATTN_KWARGS)
+    inputs.check_qkv(q, k, v, 4)
+    backend = kwargs.pop("quantization_backend", "triton")
+    if backend not in QUANT_BACKENDS:
+        raise ValueError(f"quantization_backend={backend!r} is not supported; use one of {QUANT_BACKENDS}")
+    pv_fp8 = dispatch.default_pv_fp8(dispatch.capability(q.device))
+    return _attention(
+        "sageattn", q, k, v, tensor_layout=tensor_layout, is_causal=is_causal, sm_scale=sm_scale,
+        qk_quant_gran=kwargs.get("qk_quant_gran", "per_thread"), pv_fp8=pv_fp8,
+        pv_accum_dtype=kwargs.get("pv_accum_dtype", "fp32+fp32" if pv_fp8 else "fp32"),
+        accum_choices=FP8_PV_ACCUM if pv_fp8 else FP16_PV_ACCUM, smooth_k=kwargs.get("smooth_k", True),
+        smooth_v=kwargs.get("smooth_v", False), return_lse=return_lse, attn_mask=kwargs.get("attn_mask"),
+        dropout_p=kwargs.get("dropout_p", 0.0),
+    )
+
+
+def sageattn_qk_int8_pv_fp16_triton(q, k, v, tensor_layout="HND", quantization_backend="triton", is_causal=False,
+                                    attn_mask=None, sm_scale=None, smooth_k=True, return_lse=False):
+    """INT8 Q·K (per-block scales), 16-bit P·V with fp32 accumulation, on Triton (any supported GPU)."""
+    if quantization_backend not in QUANT_BACKENDS:
+        raise ValueError(f"quantization_backend={quantization_backend!r} is not supported; use one of {QUANT_BACKENDS}")
+    return _attention(
+        "sageattn_qk_int8_pv_fp16_triton", q, k, v, tensor_layout=tensor_layout, is_causal=is_causal,
+        sm_scale=sm_scale, qk_quant_gran="per_block", pv_fp8=False, pv_accum_dtype="fp32",
+        accum_choices=("fp32",), smooth_k=smooth_k, smooth_v=False, return_lse=return_lse, attn_mask=attn_mask,
+    )
+
+
+def sageattn_qk_int8_pv_fp16_cuda(q, k, v, tensor_layout="HND", is_causal=False, qk_quant_gran="per_thread",
+                                  sm_scale=None, pv_accum_dtype="fp32", smooth_k=True, smooth_v=False,
+                                  return_lse=False):
+    """INT8 Q·K, 16-bit P·V (sm80+). Runs on the compiled CUDA kernels when built for the GPU, else on Triton."""
+    return _attention(
+        "sageattn_qk_int8_pv_fp16_cuda", q, k, v, tensor_layout=tensor_layout, is_causal=is_causal,
+        sm_scale=sm_scale, qk_quant_gran=qk_quant_gran, pv_fp8=False, pv_accum_dtype=pv_accum_dtype,
+        accum_choices=FP16_PV_ACCUM, smooth_k=smooth_k, smooth_v=smooth_v, return_lse=return_lse,
+        cuda_variant="sageattn_qk_int8_pv_fp16_cuda",
+    )
+
+
+def sageattn_qk_int8_pv_fp8_cuda(q, k, v, tensor_layout="HND", is_causal=False, qk_quant_gran="per_thread",
+                                 sm_scale=None, pv_accum_dtype="fp32+fp16", smooth_k=True, smooth_v=False,
+                                 return_lse=False):
+    """INT8 Q·K, FP8 P·V with per-channel V scales (sm89+). CUDA kernels when built for the GPU, else Triton."""
+    return _attention(
+        "sageattn_qk_int8_pv_fp8_cuda", q, k, v, tensor_layout=tensor_layout, is_causal=is_causal,
+        sm_scale=sm_scale, qk_quant_gran=qk_quant_gran, pv_fp8=True, pv_accum_dtype=pv_accum_dtype,
+        accum_choices=FP8_PV_ACCUM, smooth_k=smooth_k, smooth_v=smooth_v, return_lse=return_lse,
+        cuda_variant="sageattn_qk_int8_pv_fp8_cuda",
+    )
+
+
+def sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v, tensor_layout="HND", is_causal=False, qk_quant_gran="per_thread",
+                                      sm_scale=None, pv_accum_dtype="fp32+fp32", smooth_k=True, return_lse=False):
+    """The Hopper (sm90) variant of INT8 Q·K + FP8 P·V. CUDA kernels when built, else Triton."""
+    return _attention(
+        "sageattn_qk_int8_pv_fp8_cuda_sm90", q, k, v, tensor_layout=tensor_layout, is_causal=is_causal,
+        sm_scale=sm_scale, qk_quant_gran=qk_quant_gran, pv_fp8=True, pv_accum_dtype=pv_accum_dtype,
+        accum_choices=SM90_PV_ACCUM, smooth_k=smooth_k, smooth_v=False, return_lse=return_lse,
+        cuda_variant="sageattn_qk_int8_pv_fp8_cuda_sm90", only_archs={(9, 0)},
+    )
+
+
+def _check_cu_seqlens(name: str, cu, q) -> torch.Tensor:
+    if not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.numel() < 2:
+        raise ValueError(f"{name} must be a 1-D tensor of batch+1 cumulative lengths starting at 0")
+    if cu.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{name} has dtype {cu.dtype}; use torch.int32")
+    if cu.device != q.device:
+        raise ValueError(f"{name} is on {cu.device} but q is on {q.device}")
+    return cu.to(torch.int32)
+
+
+def sageattn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=False,
+                    sm_scale=None, smooth_k=True):
+    """Packed variable-length batches: q [total_q, Hq, D], k/v [total_k, Hk, D]; sequence i spans
+    cu_seqlens[i]:cu_seqlens[i+1]. INT8 Q·K (per-block scales), 16-bit P·V. Returns out like q."""
+    inputs.check_qkv(q, k, v, 3)
+    inputs.check_heads(q.shape[1], k.shape[1])
+    cu_q = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q)
+    cu_k = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, q)
+    if cu_q.numel() != cu_k.numel():
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k describe {cu_q.numel() - 1} and {cu_k.numel() - 1} sequences")
+    for name, n in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"{name} must be a positive int, got {n!r}")
+    dispatch.check_supported(q.device)
+    scale = inputs.resolve_sm_scale(sm_scale, q.shape[-1])
+    return ops.run_attention_varlen(q, k, v, cu_q, cu_k, max_seqlen_q, bool(is_causal), scale, bool(smooth_k))

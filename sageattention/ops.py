@@ -1,0 +1,60 @@
+"""torch.library registration: one custom op per entry point, with fake (meta) implementations,
+so `torch.compile(fullgraph=True)` traces through sageattention without a graph break."""
+from typing import Optional
+
+import torch
+
+from . import forward
+from .triton.pipeline import Plan
+
+
+def _attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Optional[torch.Tensor], tensor_layout: str,
+    is_causal: bool, sm_scale: float, qk_quant_gran: str, pv_fp8: bool, pv_two_level: bool, pv_inner_fp16: bool,
+    smooth_k: bool, smooth_v: bool, return_lse: bool, cuda_variant: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    forward.note_cuda_fallback(cuda_variant, q.device)
+    plan = Plan(qk_quant_gran, pv_fp8, pv_two_level, pv_inner_fp16, smooth_k, smooth_v)
+    return forward.dense(q, k, v, attn_mask, tensor_layout, is_causal, sm_scale, plan, return_lse)
+
+
+attention = torch.library.custom_op("sageattention::attention", _attention, mutates_args=())
+
+
+@attention.register_fake
+def _attention_fake(q, k, v, attn_mask, tensor_layout, is_causal, sm_scale, qk_quant_gran, pv_fp8, pv_two_level,
+                    pv_inner_fp16, smooth_k, smooth_v, return_lse, cuda_variant):
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if not return_lse:
+        return out, q.new_empty((0,), dtype=torch.float32)
+    b, h, n = (q.shape[0], q.shape[1], q.shape[2]) if tensor_layout == "HND" else (q.shape[0], q.shape[2], q.shape[1])
+    return out, q.new_empty((b, h, n), dtype=torch.float32)
+
+
+def _attention_varlen(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int, is_causal: bool, sm_scale: float, smooth_k: bool,
+) -> torch.Tensor:
+    plan = Plan(qk_quant_gran="per_block", smooth_k=smooth_k)
+    return forward.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, is_causal, sm_scale, plan)
+
+
+attention_varlen = torch.library.custom_op("sageattention::attention_varlen", _attention_varlen, mutates_args=())
+
+
+@attention_varlen.register_fake
+def _attention_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, is_causal, sm_scale, smooth_k):
+    return torch.empty(q.shape, dtype=q.dtype, device=q.device)
+
+
+def call(op, impl, *args):
+    """Eager calls skip the dispatcher (it costs tens of microseconds); compiled graphs see the op."""
+    return op(*args) if torch.compiler.is_compiling() else impl(*args)
+
+
+def run_attention(*args):
+    return call(attention, _attention, *args)
+
+
+def run_attention_varlen(*args):
+    return call(attention_varlen, _attention_varlen, *args)

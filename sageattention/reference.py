@@ -1,0 +1,163 @@
+"""PyTorch reference of the quantized attention algorithm; runs on CPU; the oracle for kernel tests.
+
+All tensors here are HND: [batch, heads, tokens, head_dim]. The quantizers reproduce the Triton
+kernels' arithmetic operation for operation (fp32, IEEE division, round half away from zero), so
+quantized values must match the kernels bit for bit. The attention itself is evaluated in float64
+from the quantized operands, with P rounded the way the kernel rounds it.
+
+Algorithm (SageAttention / SageAttention2):
+  K smoothing   k' = k - mean_tokens(k)          (softmax is invariant to a per-row constant)
+  INT8 Q, K     x_i8 = round(x / s), s = absmax(group) / 127 per quantization group
+  scores        S = (q_i8 @ k_i8^T) * s_q * s_k * sm_scale   (+ mask)
+  softmax       P = exp(S - rowmax(S)), l = rowsum(P)
+  P·V (16-bit)  O = (P in V's dtype) @ V / l
+  P·V (FP8)     V smoothing (optional) v' = v - mean_tokens(v); per-channel s_v = absmax / 448;
+                O = (fp8(P * 448) @ fp8(v' / s_v)) * s_v / 448 / l  (+ mean_tokens(v))
+  LSE           logsumexp(S) + sm_scale * q · mean_tokens(k)   (undoes the smoothing shift)
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .quant_groups import Grouping, k_grouping, q_grouping
+
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+INT8_MAX = 127.0
+
+
+def _grouped_scale(x32: torch.Tensor, g: Grouping) -> torch.Tensor:
+    """Per-group scale (absmax / 127) of x32 [B, H, N, D]; NaN if the group holds NaN/Inf; 1 if all zero."""
+    b, h, n, d = x32.shape
+    pad = (-n) % g.block
+    xp = torch.nn.functional.pad(x32, (0, 0, 0, pad))
+    row_max = xp.abs().amax(dim=-1)
+    row_bad = (xp * 0).sum(dim=-1)  # 0, or NaN when the row holds NaN or Inf
+    shape = (b, h, -1, g.g1, g.r1, g.g2, g.r2)
+    gmax = row_max.view(shape).amax(dim=(4, 6))
+    gbad = row_bad.view(shape).sum(dim=(4, 6))
+    scale = gmax / INT8_MAX + gbad
+    scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+    return scale.reshape(b, h, -1)
+
+
+def expand_groups(scale: torch.Tensor, g: Grouping, n: int) -> torch.Tensor:
+    """Per-token scale [B, H, n] from per-group scale [B, H, G]."""
+    b, h, _ = scale.shape
+    s = scale.view(b, h, -1, g.g1, 1, g.g2, 1).expand(b, h, -1, g.g1, g.r1, g.g2, g.r2)
+    return s.reshape(b, h, -1)[:, :, :n]
+
+
+def round_to_int8(y: torch.Tensor) -> torch.Tensor:
+    return torch.where(y >= 0, y + 0.5, y - 0.5).trunc().to(torch.int8)
+
+
+def quantize_int8(x: torch.Tensor, g: Grouping, mean: torch.Tensor | None = None):
+    """INT8 symmetric quantization of x [B, H, N, D] (optionally minus mean [B, H, 1, D] fp32).
+
+    Returns (int8 values [B, H, N, D], fp32 scales [B, H, G])."""
+    x32 = x.float()
+    if mean is not None:
+        x32 = x32 - mean
+    scale = _grouped_scale(x32, g)
+    tok_scale = expand_groups(scale, g, x.shape[2])
+    return round_to_int8(x32 / tok_scale[..., None]), scale
+
+
+def quantize_v_fp8(v: torch.Tensor, mean: torch.Tensor | None = None):
+    """FP8 e4m3 quantization of v [B, H, N, D] with one scale per channel (absmax over tokens / 448).
+
+    Returns (fp8 values [B, H, N, D], fp32 scales [B, H, D])."""
+    v32 = v.float()
+    if mean is not None:
+        v32 = v32 - mean
+    scale = v32.abs().amax(dim=2) / FP8_MAX + (v32 * 0).sum(dim=2)
+    scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+    return (v32 / scale[:, :, None, :]).to(torch.float8_e4m3fn), scale
+
+
+def token_mean(x: torch.Tensor) -> torch.Tensor:
+    """Mean over tokens in fp32, [B, H, 1, D]: the smoothing vector."""
+    return x.float().mean(dim=2, keepdim=True)
+
+
+def causal_mask(nq: int, nk: int, device=None) -> torch.Tensor:
+    """Bottom-right aligned causal mask (True = attend): query i sees keys j <= i + nk - nq."""
+    i = torch.arange(nq, device=device)[:, None]
+    j = torch.arange(nk, device=device)[None, :]
+    return j <= i + (nk - nq)
+
+
+def _additive(mask: torch.Tensor | None, shape, device) -> torch.Tensor:
+    """attn_mask (bool: True = attend, or additive float) as a float64 additive bias of `shape`."""
+    if mask is None:
+        return torch.zeros(shape, dtype=torch.float64, device=device)
+    if mask.dtype == torch.bool:
+        bias = torch.zeros(mask.shape, dtype=torch.float64, device=device)
+        return bias.masked_fill(~mask, -math.inf).expand(shape)
+    return mask.to(torch.float64).expand(shape)
+
+
+def _softmax_parts(s: torch.Tensor):
+    """exp(S - rowmax) with fully masked rows giving zeros instead of NaN; returns (P, rowmax, rowsum)."""
+    m = s.amax(dim=-1, keepdim=True)
+    m_safe = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
+    p = torch.exp(s - m_safe)
+    return p, m_safe, p.sum(dim=-1, keepdim=True)
+
+
+def _repeat_kv(x: torch.Tensor, hq: int) -> torch.Tensor:
+    return x.repeat_interleave(hq // x.shape[1], dim=1)
+
+
+def attention_fp64(q, k, v, *, is_causal=False, sm_scale=None, attn_mask=None):
+    """Plain attention in float64 (HND, GQA by head repetition). Returns (out fp64, lse fp64 [B, H, Nq])."""
+    b, hq, nq, d = q.shape
+    nk = k.shape[2]
+    sm_scale = d**-0.5 if sm_scale is None else sm_scale
+    k64, v64 = _repeat_kv(k.double(), hq), _repeat_kv(v.double(), hq)
+    s = q.double() @ k64.transpose(-1, -2) * sm_scale + _additive(attn_mask, (b, hq, nq, nk), q.device)
+    if is_causal:
+        s = s.masked_fill(~causal_mask(nq, nk, q.device), -math.inf)
+    p, m, l = _softmax_parts(s)
+    out = torch.where(l > 0, (p @ v64) / l, torch.zeros((), dtype=torch.float64))
+    return out, (m + torch.log(l)).squeeze(-1)
+
+
+def sage_attention_reference(
+    q, k, v, *, is_causal=False, sm_scale=None, qk_quant_gran="per_thread", pv_dtype="fp16",
+    smooth_k=True, smooth_v=False, attn_mask=None,
+):
+    """The quantized algorithm on HND tensors. Returns (out in q's dtype, lse fp32 [B, H, Nq])."""
+    b, hq, nq, d = q.shape
+    nk = k.shape[2]
+    sm_scale = d**-0.5 if sm_scale is None else sm_scale
+    km = token_mean(k) if smooth_k else None
+    qg, kg = q_grouping(qk_quant_gran), k_grouping(qk_quant_gran)
+    q_i8, q_s = quantize_int8(q, qg)
+    k_i8, k_s = quantize_int8(k, kg, km)
+    q_deq = q_i8.double() * expand_groups(q_s, qg, nq)[..., None].double()
+    k_deq = k_i8.double() * expand_groups(k_s, kg, nk)[..., None].double()
+    s = q_deq @ _repeat_kv(k_deq, hq).transpose(-1, -2) * sm_scale
+    s = s + _additive(attn_mask, (b, hq, nq, nk), q.device)
+    if is_causal:
+        s = s.masked_fill(~causal_mask(nq, nk, q.device), -math.inf)
+    p, m, l = _softmax_parts(s)
+    if pv_dtype == "fp8":
+        vm = token_mean(v) if smooth_v else None
+        v_q, v_s = quantize_v_fp8(v, vm)
+        p_q = (p * FP8_MAX).to(torch.float8_e4m3fn).double() / FP8_MAX
+        pv = p_q @ _repeat_kv(v_q.double() * v_s[:, :, None, :].double(), hq)
+        if vm is not None:
+            pv = pv + l * _repeat_kv(vm.double(), hq)
+    elif pv_dtype == "fp16":
+        p_q = p.to(v.dtype).double()
+        pv = p_q @ _repeat_kv(v.double(), hq)
+    else:
+        raise ValueError(f"pv_dtype={pv_dtype!r}; use 'fp16' or 'fp8'")
+    out = torch.where(l > 0, pv / l, torch.zeros((), dtype=torch.float64))
+    lse = (m + torch.log(l)).squeeze(-1)
+    if km is not None:
+        lse = lse + sm_scale * (q.double() @ _repeat_kv(km.double(), hq).transpose(-1, -2)).squeeze(-1)
+    return out.to(q.dtype), lse.float()

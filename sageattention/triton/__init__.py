@@ -1,0 +1,1 @@
+"""Triton kernels: fused quantization (`quant`) and quantized attention (`attention`), glued by `pipeline`."""

@@ -1,0 +1,214 @@
+"""Triton attention kernel over pre-quantized operands: INT8 Q·K^T, 16-bit or FP8 P·V, online softmax.
+
+Scores live in the exp2 domain: the Q scale is pre-multiplied by sm_scale * log2(e), so
+softmax is exp2(s - rowmax) and the LSE is converted back to natural log at the end.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from ..quant_groups import Grouping
+from .fp8 import INTERPRET, to_e4m3
+
+LOG2E = 1.4426950408889634
+FP8_MAX = 448.0
+MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
+
+
+@triton.jit
+def _group_of(tok, G1: tl.constexpr, R1: tl.constexpr, G2: tl.constexpr, R2: tl.constexpr):
+    """Index of the quantization group holding token `tok` (see sageattention.quant_groups)."""
+    PERIOD: tl.constexpr = G1 * R1 * G2 * R2
+    rem = tok % PERIOD
+    return (tok // PERIOD) * (G1 * G2) + (rem // (R1 * G2 * R2)) * G2 + (rem % (G2 * R2)) // R2
+
+
+@triton.jit
+def _attn_block(
+    acc, l_i, m_i, q, q_scale, K_base, KS_base, V_base, stride_vn, stride_vd,
+    M_base, stride_mm, stride_mn, offs_m, offs_d, start_n, k_off, nq, nk, causal_offset,
+    D: tl.constexpr, BLOCK_N: tl.constexpr,
+    KG1: tl.constexpr, KR1: tl.constexpr, KG2: tl.constexpr, KR2: tl.constexpr,
+    MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr,
+    PV_FP8: tl.constexpr, PV_TWO_LEVEL: tl.constexpr, PV_INNER_FP16: tl.constexpr, EXACT_ROUND: tl.constexpr,
+):
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    in_n = offs_n < nk
+    k = tl.load(K_base + (k_off + offs_n[:, None]) * D + offs_d[None, :],
+                mask=in_n[:, None] & (offs_d[None, :] < D), other=0)
+    k_scale = tl.load(KS_base + _group_of(k_off + offs_n, KG1, KR1, KG2, KR2), mask=in_n, other=0.0)
+    s = tl.dot(q, tl.trans(k), out_dtype=tl.int32).to(tl.float32) * q_scale[:, None] * k_scale[None, :]
+    if MASK_KIND != 0:
+        mptr = M_base + offs_m[:, None] * stride_mm + offs_n[None, :] * stride_mn
+        mval = tl.load(mptr, mask=(offs_m[:, None] < nq) & in_n[None, :], other=0)
+        if MASK_KIND == 1:
+            s = tl.where(mval != 0, s, float("-inf"))
+        else:
+            s = s + mval.to(tl.float32) * 1.4426950408889634
+    if MASKED:
+        keep = in_n[None, :]
+        if IS_CAUSAL:
+            keep = keep & (offs_n[None, :] <= offs_m[:, None] + causal_offset)
+        s = tl.where(keep, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # fully masked so far: keep p = 0, not NaN
+    alpha = tl.math.exp2(m_i - m_use)
+    p = tl.math.exp2(s - m_use[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    # V tile [BLOCK_N, D]; for FP8 the strides read V^T, whose contiguous axis is the tokens.
+    v = tl.load(V_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+                mask=in_n[:, None] & (offs_d[None, :] < D), other=0.0)
+    if PV_FP8:
+        p_lo = to_e4m3(p * 448.0, EXACT_ROUND)
+    else:
+        p_lo = p.to(v.dtype)
+    if PV_TWO_LEVEL:
+        # Two-level accumulation: this block's P·V in its own accumulator, then added in fp32.
+        if PV_INNER_FP16:
+            pv = tl.dot(p_lo, v, out_dtype=tl.float16).to(tl.float32)
+        else:
+            pv = tl.dot(p_lo, v)
+        acc = acc * alpha[:, None] + pv
+    else:
+        acc = tl.dot(p_lo, v, acc * alpha[:, None])
+    return acc, l_i, m_new
+
+
+def _configs():
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return [triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=4, num_stages=1)]
+    return [
+        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
+        for bm, bn, w, s in [
+            (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 128, 8, 2),
+            (64, 64, 4, 3), (64, 128, 4, 3), (128, 32, 4, 3),
+        ]
+    ]
+
+
+@triton.autotune(configs=_configs(), key=["N_BUCKET", "D", "IS_CAUSAL", "MASK_KIND", "PV_FP8", "PV_TWO_LEVEL", "VARLEN"])
+@triton.jit
+def _attn_fwd(
+    Q, QS, K, KS, V, stride_vb, stride_vh, stride_vn, stride_vd, VS, VM,
+    M, stride_mb, stride_mh, stride_mm, stride_mn,
+    O, stride_ob, stride_oh, stride_on, LSE,
+    CU_Q, CU_K, nq_all, nk_all, n_qgroups, n_kgroups, kv_group, sm_scale_log2,
+    N_BUCKET, H: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
+    QG1: tl.constexpr, QR1: tl.constexpr, QG2: tl.constexpr, QR2: tl.constexpr,
+    KG1: tl.constexpr, KR1: tl.constexpr, KG2: tl.constexpr, KR2: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, PV_FP8: tl.constexpr,
+    PV_TWO_LEVEL: tl.constexpr, PV_INNER_FP16: tl.constexpr, HAS_VM: tl.constexpr,
+    RETURN_LSE: tl.constexpr, VARLEN: tl.constexpr, EXACT_ROUND: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    start_m, h, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    hk = h // kv_group
+    if VARLEN:  # packed sequences: batch index b selects a slice of one long token axis
+        q_off = tl.load(CU_Q + b)
+        nq = tl.load(CU_Q + b + 1) - q_off
+        k_off = tl.load(CU_K + b)
+        nk = tl.load(CU_K + b + 1) - k_off
+        bb = 0
+    else:
+        q_off, nq, k_off, nk, bb = 0, nq_all, 0, nk_all, b
+    if start_m * BLOCK_M >= nq:
+        return
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D_PAD)
+    in_m = offs_m < nq
+    q_rows = (bb * H + h) * nq_all + q_off + offs_m
+    q = tl.load(Q + q_rows[:, None] * D + offs_d[None, :], mask=in_m[:, None] & (offs_d[None, :] < D), other=0)
+    q_scale = tl.load(QS + (bb * H + h) * n_qgroups + _group_of(q_off + offs_m, QG1, QR1, QG2, QR2),
+                      mask=in_m, other=0.0) * sm_scale_log2
+    K_base = K + (bb * HK + hk) * nk_all * D
+    KS_base = KS + (bb * HK + hk) * n_kgroups
+    V_base = V + bb * stride_vb + hk * stride_vh + k_off * stride_vn
+    M_base = M + b * stride_mb + h * stride_mh
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
+
+    # Keys [0, full) need no causal or bounds mask for any row of this block; [full, hi) do.
+    causal_offset = nk - nq  # bottom-right alignment
+    if IS_CAUSAL:
+        hi = tl.minimum(tl.maximum((start_m + 1) * BLOCK_M + causal_offset, 0), nk)
+        full = tl.minimum(tl.maximum(start_m * BLOCK_M + causal_offset + 1, 0), hi)
+    else:
+        hi = nk
+        full = nk
+    full = (full // BLOCK_N) * BLOCK_N
+    for start_n in range(0, full, BLOCK_N):
+        acc, l_i, m_i = _attn_block(
+            acc, l_i, m_i, q, q_scale, K_base, KS_base, V_base, stride_vn, stride_vd,
+            M_base, stride_mm, stride_mn, offs_m, offs_d, start_n, k_off, nq, nk, causal_offset,
+            D, BLOCK_N, KG1, KR1, KG2, KR2, False, IS_CAUSAL, MASK_KIND, PV_FP8, PV_TWO_LEVEL, PV_INNER_FP16, EXACT_ROUND)
+    for start_n in range(full, hi, BLOCK_N):
+        acc, l_i, m_i = _attn_block(
+            acc, l_i, m_i, q, q_scale, K_base, KS_base, V_base, stride_vn, stride_vd,
+            M_base, stride_mm, stride_mn, offs_m, offs_d, start_n, k_off, nq, nk, causal_offset,
+            D, BLOCK_N, KG1, KR1, KG2, KR2, True, IS_CAUSAL, MASK_KIND, PV_FP8, PV_TWO_LEVEL, PV_INNER_FP16, EXACT_ROUND)
+
+    out = tl.where(l_i[:, None] == 0.0, 0.0, acc / l_i[:, None])
+    if PV_FP8:
+        v_scale = tl.load(VS + (bb * HK + hk) * D + offs_d, mask=offs_d < D, other=0.0)
+        out = out * (v_scale / 448.0)[None, :]
+    if HAS_VM:  # V smoothing: softmax rows sum to 1, so the subtracted mean comes back as a constant
+        vm = tl.load(VM + (bb * HK + hk) * D + offs_d, mask=offs_d < D, other=0.0)
+        out = tl.where(l_i[:, None] == 0.0, 0.0, out + vm[None, :])
+    o_ptrs = O + bb * stride_ob + h * stride_oh + (q_off + offs_m[:, None]) * stride_on + offs_d[None, :]
+    tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=in_m[:, None] & (offs_d[None, :] < D))
+    if RETURN_LSE:
+        m_use = tl.where(m_i == float("-inf"), 0.0, m_i)
+        lse = (m_use + tl.math.log2(l_i)) * 0.6931471805599453
+        tl.store(LSE + (b * H + h) * nq_all + offs_m, lse, mask=in_m)
+
+
+def attention(
+    q_i8, q_scale, qg: Grouping, k_i8, k_scale, kg: Grouping, v, *, v_scale=None, v_mean=None,
+    out_layout_view, sm_scale: float, is_causal: bool, mask=None, pv_two_level: bool, pv_inner_fp16: bool,
+    return_lse: bool, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+):
+    """Run the kernel. q_i8 [B, H, Nq, D] / k_i8 [B, HK, Nk, D] int8 contiguous with their group scales;
+    v: 16-bit [B, HK, Nk, D] (any strides, last dim contiguous) or FP8 V^T [B, HK, D, N_PAD] (v_scale set).
+    out_layout_view: the output tensor viewed as [B, H, N, D] (last dim contiguous), written in place.
+    mask: None, bool or additive tensor already expanded to [B, H, Nq, Nk]. Returns lse [B, H, Nq] or None."""
+    b, h, nq_all, d = q_i8.shape
+    hk, nk_all = k_i8.shape[1], k_i8.shape[2]
+    pv_fp8 = v_scale is not None
+    if pv_fp8:  # V^T: tokens are the last (contiguous) axis
+        sv = (v.stride(0), v.stride(1), 1, v.stride(2))
+    else:
+        sv = (v.stride(0), v.stride(1), v.stride(2), 1)
+    varlen = cu_seqlens_q is not None
+    n_batch = cu_seqlens_q.numel() - 1 if varlen else b
+    max_q = max_seqlen_q if varlen else nq_all
+    lse = torch.empty((n_batch, h, nq_all), dtype=torch.float32, device=q_i8.device) if return_lse else None
+    if mask is None:
+        mask_kind, m, ms = MASK_NONE, q_scale, (0, 0, 0, 0)
+    else:
+        mask_kind = MASK_BOOL if mask.dtype == torch.bool else MASK_ADD
+        m, ms = mask, mask.stride()
+    o = out_layout_view
+    dummy = q_scale
+
+    def grid(meta):
+        return (triton.cdiv(max_q, meta["BLOCK_M"]), h, n_batch)
+
+    _attn_fwd[grid](
+        q_i8, q_scale, k_i8, k_scale, v, *sv,
+        v_scale if pv_fp8 else dummy, v_mean if v_mean is not None else dummy,
+        m, *ms, o, o.stride(0), o.stride(1), o.stride(2), lse if return_lse else dummy,
+        cu_seqlens_q if varlen else dummy, cu_seqlens_k if varlen else dummy,
+        nq_all, nk_all, q_scale.shape[-1], k_scale.shape[-1], h // hk, sm_scale * LOG2E,
+        triton.next_power_of_2(max(max_q, 16)), H=h, HK=hk, D=d, D_PAD=max(32, triton.next_power_of_2(d)),
+        QG1=qg.g1, QR1=qg.r1, QG2=qg.g2, QR2=qg.r2, KG1=kg.g1, KR1=kg.r1, KG2=kg.g2, KR2=kg.r2,
+        IS_CAUSAL=is_causal, MASK_KIND=mask_kind, PV_FP8=pv_fp8, PV_TWO_LEVEL=pv_two_level,
+        PV_INNER_FP16=pv_inner_fp16, HAS_VM=v_mean is not None, RETURN_LSE=return_lse, VARLEN=varlen,
+        EXACT_ROUND=INTERPRET,
+    )
+    return lse

@@ -1,0 +1,77 @@
+"""Quantize, then attend: the Triton backend's two steps on HND views ([B, H, N, D], last dim contiguous)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..quant_groups import k_grouping, q_grouping
+from . import attention as attn_kernel
+from . import quant
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the kernels compute; resolved from the public arguments by `sageattention.core`."""
+
+    qk_quant_gran: str = "per_thread"
+    pv_fp8: bool = False
+    pv_two_level: bool = False  # P·V of each key block in its own accumulator, then added in fp32
+    pv_inner_fp16: bool = False  # that per-block accumulator is fp16
+    smooth_k: bool = True
+    smooth_v: bool = False
+
+
+@dataclass
+class Quantized:
+    q_i8: torch.Tensor
+    q_scale: torch.Tensor
+    k_i8: torch.Tensor
+    k_scale: torch.Tensor
+    v: torch.Tensor  # 16-bit V (HND view) or FP8 V^T
+    v_scale: torch.Tensor | None
+    v_mean: torch.Tensor | None
+    k_mean: torch.Tensor | None  # [B, HK, S, D] fp32, kept for the LSE correction
+
+
+def _segment_mean(x: torch.Tensor, seg: torch.Tensor, n_seg: int) -> torch.Tensor:
+    """Per-sequence token mean of a packed x [1, H, total, D] -> [1, H, n_seg, D] fp32."""
+    _, h, _, d = x.shape
+    sums = torch.zeros((n_seg, h, d), dtype=torch.float32, device=x.device)
+    sums.index_add_(0, seg.long(), x[0].transpose(0, 1).float())
+    counts = torch.bincount(seg.long(), minlength=n_seg).clamp_min(1).to(torch.float32)
+    return (sums / counts[:, None, None]).permute(1, 0, 2).unsqueeze(0)
+
+
+def quantize(q, k, v, plan: Plan, seg_k: torch.Tensor | None = None, n_seg: int = 1) -> Quantized:
+    """seg_k: for packed varlen batches, the sequence index of every key token (int32 [total_k])."""
+    k_mean = None
+    if plan.smooth_k:
+        k_mean = _segment_mean(k, seg_k, n_seg) if seg_k is not None else k.mean(dim=2, keepdim=True, dtype=torch.float32)
+    q_i8, q_scale = quant.quantize_int8(q, q_grouping(plan.qk_quant_gran))
+    k_i8, k_scale = quant.quantize_int8(k, k_grouping(plan.qk_quant_gran), k_mean, seg_k)
+    v_mean = v.mean(dim=2, dtype=torch.float32).contiguous() if plan.smooth_v else None
+    v_scale = None
+    if plan.pv_fp8:
+        v, v_scale = quant.quantize_v_fp8(v, v_mean)
+    elif v_mean is not None:
+        v = (v.float() - v_mean[:, :, None, :]).to(v.dtype)
+    return Quantized(q_i8, q_scale, k_i8, k_scale, v, v_scale, v_mean, k_mean)
+
+
+def attend(x: Quantized, plan: Plan, out_view, *, sm_scale, is_causal, mask=None, return_lse=False,
+           cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None):
+    return attn_kernel.attention(
+        x.q_i8, x.q_scale, q_grouping(plan.qk_quant_gran), x.k_i8, x.k_scale, k_grouping(plan.qk_quant_gran), x.v,
+        v_scale=x.v_scale, v_mean=x.v_mean, out_layout_view=out_view, sm_scale=sm_scale, is_causal=is_causal,
+        mask=mask, pv_two_level=plan.pv_two_level, pv_inner_fp16=plan.pv_inner_fp16, return_lse=return_lse,
+        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+    )
+
+
+def lse_smoothing_correction(q: torch.Tensor, k_mean: torch.Tensor, sm_scale: float) -> torch.Tensor:
+    """sm_scale * q · mean(k) [B, H, Nq]: what K smoothing subtracted from every score of a row."""
+    b, h, n, d = q.shape
+    hk = k_mean.shape[1]
+    qg = q.reshape(b, hk, (h // hk) * n, d).float()
+    return (qg @ k_mean.transpose(-1, -2)).reshape(b, h, n) * sm_scale
