@@ -14,6 +14,8 @@ import yaml
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
+from scripts.wheel_names import Flavour
+
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS_DIR = ROOT / "variants"
 PLATFORMS = ("linux-64", "win-64")
@@ -66,9 +68,12 @@ class Variant:
                 f"-cu{_digits(_minor(self.requested_cuda))}-python{_digits(self.python)}")
 
     @property
+    def flavour(self) -> Flavour:
+        return Flavour(self.cuda, self.torch, self.python)
+
+    @property
     def build_tag(self) -> str:
-        """PEP 427 build tag: torch major+minor then 0, dot, CUDA major+minor (280.129)."""
-        return f"{_digits(self.torch)}0.{_digits(self.cuda)}"
+        return self.flavour.build_tag
 
     @property
     def build_string_prefix(self) -> str:
@@ -85,12 +90,7 @@ class Variant:
 
     @property
     def index_page(self) -> str:
-        """Per-variant find-links directory name: pip picks by torch from these, not by build tag."""
-        return f"cu{_digits(self.cuda)}-torch{self.torch}"
-
-    @property
-    def local_version(self) -> str:
-        return f"{self.version}+cu{_digits(self.cuda)}torch{self.torch}"
+        return self.flavour.index_page
 
     def variant_config(self) -> dict[str, str]:
         """The keys rattler-build's variant config needs for this build (all zipped, one value each)."""
@@ -170,7 +170,8 @@ def _matches(v: Variant, sel: dict) -> bool:
     return all(wanted[k] == val for k, val in sel.items())
 
 
-def _read(path: Path, definition: str) -> dict:
+def read(path: Path, definition: str) -> dict:
+    """Load one YAML file of variants/ and validate it against its definition in schema.yaml."""
     try:
         data = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as exc:
@@ -188,8 +189,8 @@ class _Facts:
     """conda-forge facts and toolchain pairing, used to check and complete every row."""
 
     def __init__(self, root: Path):
-        self.forge = _read(root / "conda-forge.yaml", "conda_forge")
-        self.toolchain = _read(root / "toolchain.yaml", "toolchain")
+        self.forge = read(root / "conda-forge.yaml", "conda_forge")
+        self.toolchain = read(root / "toolchain.yaml", "toolchain")
 
     def cuda_lines(self, platform: str, torch: str) -> list[str]:
         return [b["cuda"] for b in self.forge["pytorch_cuda_builds"][platform]
@@ -231,8 +232,8 @@ def load(package: str, root: Path = VARIANTS_DIR) -> Matrix:
     """Read and validate one package's matrix; raises VariantError naming the problem."""
     if package not in PACKAGES:
         raise VariantError(f"unknown package {package!r}; supported: {', '.join(PACKAGES)}")
-    spec = _read(root / f"{package}.yaml", "package")
-    current = _read(root / "current.yaml", "current")
+    spec = read(root / f"{package}.yaml", "package")
+    current = read(root / "current.yaml", "current")
     facts = _Facts(root)
     if spec["arch_list"] not in spec["arch_lists"]:
         raise VariantError(f"{package}.yaml: arch_list {spec['arch_list']!r} is not one of "

@@ -1,0 +1,209 @@
+"""`python -m scripts.wheel_export PKG.conda… --out DIR`: turn conda packages into PEP 427 wheels.
+
+The wheel holds the package's site-packages files and a fresh dist-info: METADATA whose
+Requires-Dist pins torch to the minor the package was built against, WHEEL with the build tag
+(280.129 = torch 2.8 + CUDA 12.9), and RECORD (written by `wheel.wheelfile.WheelFile`).
+"""
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import subprocess
+import sys
+import tempfile
+from email.message import Message
+from pathlib import Path, PurePosixPath
+
+from packaging.utils import canonicalize_name
+from rattler import MatchSpec, PathsJson
+from rattler.package_streaming import extract
+from wheel.wheelfile import WheelFile
+
+from scripts.variants import PACKAGES, VARIANTS_DIR, read
+from scripts.wheel_names import Flavour, from_build_string
+
+# Never folded into a manylinux check: torch's wheels and the CUDA runtime provide them.
+AUDITWHEEL_EXCLUDE = frozenset({"libtorch*.so*", "libc10*.so*", "libcudart.so*"})
+_SITE = {"linux-64": "lib/python{py}/site-packages/", "win-64": "Lib/site-packages/"}
+_PLATFORM_TAG = {"linux-64": "linux_x86_64", "win-64": "win_amd64"}
+
+
+class ExportError(RuntimeError):
+    """The package can't be a relocatable wheel (prefix placeholders, files outside site-packages…)."""
+
+
+def requirements(depends: list[str], flavour: Flavour, extra: list[str]) -> list[str]:
+    """Requires-Dist lines for conda `depends`; torch is pinned to the build's minor."""
+    mapping = read(VARIANTS_DIR / "pypi.yaml", "pypi")
+    out = [f"torch=={flavour.torch}.*"]
+    for dep in depends:
+        spec = MatchSpec(dep)
+        name = spec.name.normalized
+        if name == "pytorch" or any(fnmatch.fnmatch(name, pat) for pat in mapping["drop"]):
+            continue
+        if name not in mapping["rename"]:
+            raise ExportError(f"no PyPI name for conda dependency {dep!r}; add it to variants/pypi.yaml")
+        out.append(mapping["rename"][name] + _pep440(spec))
+    return out + [r for r in extra if r not in out]
+
+
+def _pep440(spec: MatchSpec) -> str:
+    version = str(spec.version) if spec.version else "*"
+    if version == "*":
+        return ""
+    if "|" in version:
+        raise ExportError(f"can't express conda spec {spec} as one PEP 440 specifier")
+    if version.endswith(".*") and not version.startswith(("=", ">", "<", "!", "~")):
+        return f"=={version}"
+    return version if version[0] in "=<>!~" else f"=={version}"
+
+
+def _wheel_requires(package: str, platform: str) -> list[str]:
+    """Wheel-only dependencies the package's variant file names (e.g. triton-windows)."""
+    if package not in PACKAGES:
+        return []
+    return list(read(VARIANTS_DIR / f"{package}.yaml", "package").get("wheel_requires", {}).get(platform, []))
+
+
+def metadata(index: dict, about: dict, flavour: Flavour, version: str, requires: list[str]) -> Message:
+    msg = Message()
+    msg["Metadata-Version"] = "2.1"
+    msg["Name"] = index["name"]
+    msg["Version"] = version
+    msg["Summary"] = about.get("summary", "")
+    if about.get("home"):
+        msg["Home-page"] = about["home"]
+    if about.get("license"):
+        msg["License"] = about["license"]
+    major, minor = flavour.python.split(".")
+    msg["Requires-Python"] = f">={major}.{minor},<{major}.{int(minor) + 1}"
+    for req in requires:
+        msg["Requires-Dist"] = req
+    return msg
+
+
+def wheel_info(build_tag: str, tag: str) -> Message:
+    msg = Message()
+    msg["Wheel-Version"] = "1.0"
+    msg["Generator"] = "scripts.wheel_export"
+    msg["Root-Is-Purelib"] = "false"
+    msg["Tag"] = tag
+    msg["Build"] = build_tag
+    return msg
+
+
+def site_packages_files(pkg: Path, platform: str, flavour: Flavour) -> dict[str, Path]:
+    """Wheel path → extracted file, refusing anything a wheel can't place or relocate."""
+    paths = PathsJson.from_package_directory(pkg).paths
+    placeholders = [e.relative_path.as_posix() for e in paths if e.prefix_placeholder is not None]
+    if placeholders:
+        raise ExportError("files carry conda prefix placeholders and would break outside conda: "
+                          + ", ".join(placeholders))
+    site = _SITE[platform].format(py=flavour.python)
+    files: dict[str, Path] = {}
+    for entry in paths:
+        rel = entry.relative_path.as_posix()
+        if not rel.startswith(site):
+            raise ExportError(f"{rel} lies outside {site}; a wheel can only carry site-packages files")
+        inner = PurePosixPath(rel[len(site):])
+        # pip writes its own dist-info at install time and byte-compiles itself.
+        if inner.parts[0].endswith(".dist-info") or "__pycache__" in inner.parts:
+            continue
+        files[str(inner)] = pkg / rel
+    return files
+
+
+def make_portable(files: dict[str, Path]) -> None:
+    """Keep only RPATH entries inside the wheel's own tree, then add torch's wheel libs (site-packages/torch/lib)."""
+    for inner, path in files.items():
+        if path.read_bytes()[:4] != b"\x7fELF":
+            continue
+        depth = len(PurePosixPath(inner).parts) - 1
+        old = subprocess.run(["patchelf", "--print-rpath", str(path)], capture_output=True, text=True,
+                             check=True).stdout.strip()
+        # Absolute entries name the build prefix; $ORIGIN entries that climb out of site-packages reach
+        # conda's lib/ — neither exists once pip installs the wheel.
+        kept = [p for p in old.split(":") if p.startswith("$ORIGIN") and p.count("..") <= depth]
+        torch_lib = "$ORIGIN/" + "../" * depth + "torch/lib"
+        subprocess.run(["patchelf", "--set-rpath", ":".join(kept + [torch_lib]), str(path)], check=True)
+
+
+def platform_tag(wheel: Path, platform: str) -> str:
+    """manylinux_2_XX_x86_64 when auditwheel says the binary qualifies, else the plain platform tag."""
+    if platform != "linux-64":
+        return _PLATFORM_TAG[platform]
+    from auditwheel.error import NonPlatformWheelError
+    from auditwheel.wheel_abi import analyze_wheel_abi
+
+    try:
+        info = analyze_wheel_abi(None, None, wheel, AUDITWHEEL_EXCLUDE, disable_isa_ext_check=True,
+                                 allow_graft=False)
+    except NonPlatformWheelError:
+        return _PLATFORM_TAG[platform]
+    # Without grafting, overall_policy already accounts for libraries the wheel would need from outside.
+    name = info.overall_policy.name
+    return name if name.startswith("manylinux_") else _PLATFORM_TAG[platform]
+
+
+def export(conda: Path, out_dir: Path, *, local_version: bool = False, manylinux: bool = True) -> Path:
+    """Write the wheel for one .conda package into out_dir and return its path."""
+    with tempfile.TemporaryDirectory(prefix="sage-export-") as tmp:
+        pkg = Path(tmp) / "pkg"
+        extract(conda, pkg)
+        index = json.loads((pkg / "info" / "index.json").read_text())
+        about_file = pkg / "info" / "about.json"
+        about = json.loads(about_file.read_text()) if about_file.exists() else {}
+        platform = index["subdir"]
+        if platform not in _SITE:
+            raise ExportError(f"{conda.name}: platform {platform!r} not supported; supported: {', '.join(_SITE)}")
+        flavour = from_build_string(index["build"])
+        version = f"{index['version']}+{flavour.local_label}" if local_version else index["version"]
+        files = site_packages_files(pkg, platform, flavour)
+        if platform == "linux-64":
+            make_portable(files)
+        requires = requirements(index.get("depends", []), flavour, _wheel_requires(index["name"], platform))
+        draft = _write(Path(tmp), index, about, flavour, version, files, _PLATFORM_TAG[platform])
+        plat = platform_tag(draft, platform) if manylinux else _PLATFORM_TAG[platform]
+        out_dir.mkdir(parents=True, exist_ok=True)
+        return _write(out_dir, index, about, flavour, version, files, plat, requires)
+
+
+def _write(out_dir: Path, index: dict, about: dict, flavour: Flavour, version: str, files: dict[str, Path],
+           plat: str, requires: list[str] = ()) -> Path:
+    py = "cp" + flavour.python.replace(".", "")
+    dist = canonicalize_name(index["name"]).replace("-", "_")
+    name = f"{dist}-{version}-{flavour.build_tag}-{py}-{py}-{plat}.whl"
+    dist_info = f"{dist}-{version}.dist-info"
+    # Written in a scratch folder beside the target and renamed, so a failed export leaves no half-written wheel.
+    with tempfile.TemporaryDirectory(dir=out_dir, prefix=".partial-") as scratch:
+        partial = Path(scratch) / name
+        with WheelFile(partial, "w") as whl:
+            for inner in sorted(files):
+                whl.write(files[inner], inner)
+            whl.writestr(f"{dist_info}/METADATA",
+                         metadata(index, about, flavour, version, list(requires)).as_string())
+            whl.writestr(f"{dist_info}/WHEEL", wheel_info(flavour.build_tag, f"{py}-{py}-{plat}").as_string())
+        return partial.replace(out_dir / name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m scripts.wheel_export", description=__doc__)
+    parser.add_argument("packages", nargs="+", type=Path, help=".conda files or channel directories")
+    parser.add_argument("--out", type=Path, default=Path("dist/wheels"))
+    parser.add_argument("--local-version", action="store_true",
+                        help="name wheels 1.0.0+cu129torch2.8 so pip can choose by version")
+    parser.add_argument("--no-manylinux", action="store_true", help="keep linux_x86_64 even when auditwheel qualifies")
+    args = parser.parse_args(argv)
+    condas = [p for arg in args.packages for p in (sorted(arg.rglob("*.conda")) if arg.is_dir() else [arg])]
+    try:
+        for conda in condas:
+            print(export(conda, args.out, local_version=args.local_version, manylinux=not args.no_manylinux))
+    except (ExportError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

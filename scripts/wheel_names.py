@@ -1,0 +1,65 @@
+"""Names shared by the exporter, the checker and the index pages: build tags and conda build strings."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from packaging.utils import parse_wheel_filename
+
+_BUILD_STRING = re.compile(r"^cu(?P<cuda>\d{3})torch(?P<torch>\d{2,3})py(?P<py>\d{2,3})h[0-9a-f]+_\d+$")
+_BUILD_TAG = re.compile(r"^(?P<torch>\d{2,3})0\.(?P<cuda>\d{3})$")
+
+
+@dataclass(frozen=True)
+class Flavour:
+    """CUDA, torch and Python a package was built for (torch and CUDA as major.minor)."""
+
+    cuda: str
+    torch: str
+    python: str
+
+    @property
+    def build_tag(self) -> str:
+        return f"{self.torch.replace('.', '')}0.{self.cuda.replace('.', '')}"
+
+    @property
+    def index_page(self) -> str:
+        return f"cu{self.cuda.replace('.', '')}-torch{self.torch}"
+
+    @property
+    def local_label(self) -> str:
+        return f"cu{self.cuda.replace('.', '')}torch{self.torch}"
+
+
+def _torch(digits: str) -> str:
+    # torch majors are one digit: "28" is 2.8, "210" is 2.10.
+    return f"{digits[0]}.{digits[1:]}"
+
+
+def _cuda(digits: str) -> str:
+    # CUDA majors are two digits from 10 on: "129" is 12.9, "130" is 13.0.
+    return f"{digits[:2]}.{digits[2:]}"
+
+
+def from_build_string(build: str) -> Flavour:
+    """Decode a conda build string such as cu129torch28py312h1a2b3c4_0."""
+    m = _BUILD_STRING.match(build)
+    if not m:
+        raise ValueError(f"build string {build!r} does not look like cu<CUDA>torch<torch>py<Python>h<hash>_<n>")
+    return Flavour(_cuda(m["cuda"]), _torch(m["torch"]), f"{m['py'][0]}.{m['py'][1:]}")
+
+
+def decode_build_tag(tag: str) -> tuple[str, str]:
+    """(torch, CUDA) from a wheel build tag such as 280.129."""
+    m = _BUILD_TAG.match(tag)
+    if not m:
+        raise ValueError(f"build tag {tag!r} is not <torch major><torch minor>0.<CUDA major><CUDA minor>, e.g. 280.129")
+    return _torch(m["torch"]), _cuda(m["cuda"])
+
+
+def wheel_flavour(filename: str) -> tuple[str, str] | None:
+    """(torch, CUDA) of a wheel file, from its build tag; None when it has none."""
+    _, _, build, _ = parse_wheel_filename(filename)
+    if not build:
+        return None
+    return decode_build_tag(f"{build[0]}{build[1]}")

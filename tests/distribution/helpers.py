@@ -1,0 +1,97 @@
+"""Throwaway packages for the distribution tests: staged conda packages, stub wheels and fresh venvs."""
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+import venv
+from email.message import Message
+from pathlib import Path
+
+from rattler_build import assemble_package
+from wheel.wheelfile import WheelFile
+
+from scripts.render import render
+from scripts.variants import Variant, load
+
+PY = f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def variant_for_this_python(package: str, torch: str, cuda: str) -> Variant:
+    """A linux-64 variant of the real matrix, moved to this interpreter's Python so pip can install it."""
+    base = next(v for v in load(package).variants
+                if v.platform == "linux-64" and v.torch == torch and v.cuda == cuda)
+    return dataclasses.replace(base, python=PY)
+
+
+def conda_package(variant: Variant, channel: Path, marker: str, rpath: str = "/opt/conda-bld/host_prefix/lib") -> Path:
+    """Assemble a .conda the way a build of our recipe would lay it out, with the recipe's own build string.
+
+    Run dependencies are the rendered recipe's plus the pins its host packages export
+    (pytorch and cuda-version export a pin to the minor they were built with).
+    """
+    rendered = render([variant])[variant]["recipe"]
+    staged = channel.parent / f"stage-{rendered['build']['string']}"
+    site = staged / f"lib/python{variant.python}/site-packages/{variant.import_name}"
+    site.mkdir(parents=True)
+    (site / "__init__.py").write_text(f"FLAVOUR = {marker!r}\n")
+    # A real ELF, with an RPATH into the build prefix as conda-build leaves it.
+    src = staged / "probe.c"
+    src.write_text("int sage_probe(void) { return 42; }\n")
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(site / "_probe.so"), str(src),
+                    f"-Wl,-rpath,{rpath}:$ORIGIN/../../.."], check=True)
+    src.unlink()
+    major = int(variant.cuda.split(".")[0])
+    torch_major, torch_minor = variant.torch.split(".")
+    exported = [f"pytorch >={variant.torch},<{torch_major}.{int(torch_minor) + 1}.0a0",
+                f"cuda-version >={variant.cuda},<{major + 1}.0a0",
+                f"python >={variant.python},<{variant.python.split('.')[0]}.{int(variant.python.split('.')[1]) + 1}.0a0"]
+    out = assemble_package(name=variant.package, version=variant.version, target_platform="linux-64",
+                           build_string=rendered["build"]["string"], output_dir=channel / "linux-64",
+                           files_dir=staged, depends=rendered["requirements"]["run"] + exported,
+                           summary=rendered["about"]["summary"], license=rendered["about"]["license"])
+    return out.path
+
+
+def stub_conda(channel: Path, name: str, version: str, build: str, depends=(), constrains=(), subdir="linux-64") -> None:
+    """An empty conda package standing in for a conda-forge one."""
+    empty = channel.parent / f"empty-{name}-{version}-{build}"
+    empty.mkdir()
+    (empty / "STUB").write_text("stand-in package for tests\n")
+    assemble_package(name=name, version=version, target_platform=subdir, build_string=build,
+                     output_dir=channel / subdir, files_dir=empty, depends=list(depends), constrains=list(constrains))
+
+
+def stub_wheel(out: Path, name: str, version: str, body: str = "") -> Path:
+    """A pure-Python wheel named `name` (e.g. a stand-in torch that only knows its version)."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}-{version}-py3-none-any.whl"
+    meta = Message()
+    meta["Metadata-Version"] = "2.1"
+    meta["Name"] = name
+    meta["Version"] = version
+    info = Message()
+    info["Wheel-Version"] = "1.0"
+    info["Generator"] = "tests"
+    info["Root-Is-Purelib"] = "true"
+    info["Tag"] = "py3-none-any"
+    with WheelFile(path, "w") as whl:
+        whl.writestr(f"{name}/__init__.py", body or f"__version__ = {version!r}\n")
+        whl.writestr(f"{name}-{version}.dist-info/METADATA", meta.as_string())
+        whl.writestr(f"{name}-{version}.dist-info/WHEEL", info.as_string())
+    return path
+
+
+def fresh_venv(where: Path) -> Path:
+    """A new venv without system site-packages; returns its python."""
+    venv.EnvBuilder(with_pip=True).create(where)
+    return where / "bin" / "python"
+
+
+def pip(python: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(python), "-m", "pip", "--disable-pip-version-check", *args],
+                          capture_output=True, text=True)
+
+
+def run_py(python: Path, code: str) -> str:
+    return subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True).stdout.strip()

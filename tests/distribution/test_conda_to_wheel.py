@@ -1,0 +1,134 @@
+"""The whole chain on a local stand-in channel: assemble .conda → index → solve → install → wheel → pip."""
+import asyncio
+import json
+import zipfile
+
+import pytest
+import rattler
+from packaging.utils import parse_wheel_filename
+from rattler.index import index_fs
+
+from scripts.wheel_export import ExportError, export, site_packages_files
+from scripts.wheel_names import Flavour
+from tests.distribution.helpers import (PY, conda_package, fresh_venv, pip, run_py, stub_conda, stub_wheel,
+                                        variant_for_this_python)
+
+VIRTUAL = ["__unix=0=0", "__linux=6.1=0", "__glibc=2.36=0"]
+
+
+@pytest.fixture(scope="module")
+def channel(tmp_path_factory):
+    """Our sageattn3 builds for torch 2.7/2.8 (CUDA 12.9) and 2.10 (CUDA 13.0), plus stand-ins for conda-forge."""
+    root = tmp_path_factory.mktemp("chan")
+    channel = root / "channel"
+    (channel / "noarch").mkdir(parents=True)
+    packages = {}
+    for torch, cuda in (("2.7", "12.9"), ("2.8", "12.9"), ("2.10", "13.0")):
+        v = variant_for_this_python("sageattn3", torch, cuda)
+        packages[(torch, cuda)] = (v, conda_package(v, channel, marker=f"cu{cuda}torch{torch}"))
+    for torch, cuda in (("2.7.1", "12.9"), ("2.8.0", "12.9"), ("2.10.0", "13.0")):
+        stub_conda(channel, "pytorch", torch, f"cuda{cuda.replace('.', '')}_0",
+                   depends=[f"cuda-version >={cuda},<{int(cuda.split('.')[0]) + 1}", f"python {PY}.*"])
+    for cuda in ("12.9", "13.0"):
+        stub_conda(channel, "cuda-version", cuda, "h0", constrains=[f"__cuda >={cuda}"], subdir="noarch")
+    stub_conda(channel, "python", f"{PY}.0", "h0_cpython")
+    asyncio.run(index_fs(channel))
+    return channel, packages
+
+
+def solve(channel, specs, cuda):
+    virtual = [rattler.GenericVirtualPackage(rattler.PackageName(n), rattler.Version(v), rattler.BuildString(b))
+               for n, v, b in (s.split("=") for s in VIRTUAL + [f"__cuda={cuda}=0"])]
+    return asyncio.run(rattler.solve([rattler.Channel(channel.as_uri())], specs, platforms=["linux-64", "noarch"],
+                                     virtual_packages=virtual))
+
+
+def picked(records):
+    """Build string of the sageattn3 record the solver chose."""
+    return str(next(r for r in records if r.name.normalized == "sageattn3").build)
+
+
+def test_index_lists_every_build(channel):
+    repodata = json.loads((channel[0] / "linux-64" / "repodata.json").read_text())
+    builds = sorted(p["build"].split("py")[0] for p in repodata["packages.conda"].values()
+                    if p["name"] == "sageattn3")
+    assert builds == ["cu129torch27", "cu129torch28", "cu130torch210"]
+
+
+@pytest.mark.parametrize("torch", ["2.8", "2.7"])
+def test_solver_picks_the_build_for_the_installed_torch(channel, torch):
+    records = solve(channel[0], ["sageattn3", f"pytorch {torch}.*"], cuda="12.9")
+    assert picked(records).startswith(f"cu129torch{torch.replace('.', '')}py")
+    assert str(next(r for r in records if r.name.normalized == "pytorch").version).startswith(torch + ".")
+
+
+def test_cuda_13_build_needs_a_cuda_13_driver(channel):
+    with pytest.raises(Exception, match="cuda"):
+        solve(channel[0], ["sageattn3", "pytorch 2.10.*"], cuda="12.9")
+    assert picked(solve(channel[0], ["sageattn3", "pytorch 2.10.*"], cuda="13.0")).startswith("cu130torch210")
+
+
+def test_install_export_and_pip_install(channel, tmp_path):
+    records = solve(channel[0], ["sageattn3", "pytorch 2.8.*"], cuda="12.9")
+    prefix = tmp_path / "prefix"
+    asyncio.run(rattler.install(records, prefix, show_progress=False))
+    installed = prefix / f"lib/python{PY}/site-packages/sageattn3/__init__.py"
+    assert installed.read_text() == "FLAVOUR = 'cu12.9torch2.8'\n"
+    assert list((prefix / "conda-meta").glob("sageattn3-1.0.0-cu129torch28*.json"))
+
+    conda = next(path for (_, path) in channel[1].values() if picked(records) in path.name)
+    wheel = export(conda, tmp_path / "wheels")
+    name, version, build, tags = parse_wheel_filename(wheel.name)
+    assert (str(name), str(version), build) == ("sageattn3", "1.0.0", (280, ".129"))
+    tag = PY.replace(".", "")
+    assert wheel.name.startswith(f"sageattn3-1.0.0-280.129-cp{tag}-cp{tag}-manylinux_2_")
+    with zipfile.ZipFile(wheel) as zf:
+        meta = zf.read("sageattn3-1.0.0.dist-info/METADATA").decode()
+        info = zf.read("sageattn3-1.0.0.dist-info/WHEEL").decode()
+        record = zf.read("sageattn3-1.0.0.dist-info/RECORD").decode()
+        so = zf.read("sageattn3/_probe.so")
+    assert "Requires-Dist: torch==2.8.*" in meta and f"Requires-Python: >={PY}," in meta
+    assert "cuda" not in meta.lower().replace("cuda 12.8", "")
+    assert "Build: 280.129" in info and "Root-Is-Purelib: false" in info
+    assert "sageattn3/_probe.so,sha256=" in record
+    assert b"/opt/conda-bld" not in so and b"$ORIGIN/../torch/lib" in so
+
+    stubs = tmp_path / "stubs"
+    stub_wheel(stubs, "torch", "2.8.0")
+    python = fresh_venv(tmp_path / "venv")
+    proc = pip(python, "install", "--no-index", "-f", str(stubs), str(wheel))
+    assert proc.returncode == 0, proc.stderr
+    assert run_py(python, "import sageattn3; print(sageattn3.FLAVOUR)") == "cu12.9torch2.8"
+
+
+def test_plain_platform_tag_and_local_version_options(channel, tmp_path):
+    conda = channel[1][("2.7", "12.9")][1]
+    wheel = export(conda, tmp_path, local_version=True, manylinux=False)
+    tag = PY.replace(".", "")
+    assert wheel.name == f"sageattn3-1.0.0+cu129torch2.7-270.129-cp{tag}-cp{tag}-linux_x86_64.whl"
+
+
+def test_prefix_placeholders_are_refused(tmp_path):
+    # An extracted package whose paths.json says a file embeds the build prefix.
+    site = tmp_path / f"lib/python{PY}/site-packages/sageattn3"
+    site.mkdir(parents=True)
+    (site / "paths.txt").write_text("/opt/conda-bld/placehold_placehold/lib\n")
+    (tmp_path / "info").mkdir()
+    entry = {"_path": f"lib/python{PY}/site-packages/sageattn3/paths.txt", "path_type": "hardlink",
+             "sha256": "0" * 64, "size_in_bytes": 1, "file_mode": "text",
+             "prefix_placeholder": "/opt/conda-bld/placehold_placehold"}
+    (tmp_path / "info" / "paths.json").write_text(json.dumps({"paths": [entry], "paths_version": 1}))
+    with pytest.raises(ExportError, match="prefix placeholders.*sageattn3/paths.txt"):
+        site_packages_files(tmp_path, "linux-64", Flavour("12.9", "2.8", PY))
+    entry.pop("prefix_placeholder")
+    entry.pop("file_mode")
+    (tmp_path / "info" / "paths.json").write_text(json.dumps({"paths": [entry], "paths_version": 1}))
+    assert list(site_packages_files(tmp_path, "linux-64", Flavour("12.9", "2.8", PY))) == ["sageattn3/paths.txt"]
+
+
+def test_files_outside_site_packages_are_refused(tmp_path):
+    (tmp_path / "info").mkdir()
+    entry = {"_path": "bin/tool", "path_type": "hardlink", "sha256": "0" * 64, "size_in_bytes": 1}
+    (tmp_path / "info" / "paths.json").write_text(json.dumps({"paths": [entry], "paths_version": 1}))
+    with pytest.raises(ExportError, match="bin/tool lies outside lib/python"):
+        site_packages_files(tmp_path, "linux-64", Flavour("12.9", "2.8", PY))
