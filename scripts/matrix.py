@@ -11,10 +11,16 @@ from rich.table import Table
 from scripts.variants import PACKAGES, PLATFORMS, Variant, VariantError, load
 
 
+def console(stderr: bool = False) -> Console:
+    """A console that doesn't squeeze tables to 80 columns when writing to a CI log."""
+    return Console(stderr=stderr, width=None if sys.stdout.isatty() else 200)
+
+
 def table(variants: list[Variant], title: str) -> Table:
     out = Table(title=title)
     for col in ("name", "platform", "torch", "CUDA", "Python", "build tag", "arch list", "wheel", "note"):
-        out.add_column(col)
+        # Names are copied from logs into commands: keep them on one line.
+        out.add_column(col, no_wrap=col in ("name", "wheel"))
     for v in variants:
         out.add_row(v.name, v.platform, v.torch_version, v.cuda, v.python, v.build_tag,
                     v.cuda_arch_list, v.wheel, "substitute" if v.substitute else "")
@@ -36,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.format == "json":
         print(json.dumps([v.to_json() for v in variants], indent=2))
     else:
-        Console().print(table(variants, f"{args.package} · profile {args.profile} · {len(variants)} variants"))
+        console().print(table(variants, f"{args.package} · profile {args.profile} · {len(variants)} variants"))
     return 0
 
 

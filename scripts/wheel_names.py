@@ -24,11 +24,16 @@ class Flavour:
 
     @property
     def index_page(self) -> str:
-        return f"cu{self.cuda.replace('.', '')}-torch{self.torch}"
+        return page_name(self.cuda, self.torch)
 
     @property
     def local_label(self) -> str:
         return f"cu{self.cuda.replace('.', '')}torch{self.torch}"
+
+
+def page_name(cuda: str, torch: str) -> str:
+    """Find-links page of a CUDA × torch pair, e.g. cu129-torch2.8."""
+    return f"cu{cuda.replace('.', '')}-torch{torch}"
 
 
 def _torch(digits: str) -> str:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import subprocess
 import sys
 import venv
@@ -89,8 +90,11 @@ def fresh_venv(where: Path) -> Path:
 
 
 def pip(python: Path, *args: str) -> subprocess.CompletedProcess:
+    # No user or site pip.conf: only the find-links the test names.
+    env = {**os.environ, "PIP_CONFIG_FILE": os.devnull}
+    env = {k: v for k, v in env.items() if not k.startswith("PIP_") or k == "PIP_CONFIG_FILE"}
     return subprocess.run([str(python), "-m", "pip", "--disable-pip-version-check", *args],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, env=env)
 
 
 def run_py(python: Path, code: str) -> str:

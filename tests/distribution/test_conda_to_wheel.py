@@ -6,34 +6,12 @@ import zipfile
 import pytest
 import rattler
 from packaging.utils import parse_wheel_filename
-from rattler.index import index_fs
 
 from scripts.wheel_export import ExportError, export, site_packages_files
 from scripts.wheel_names import Flavour
-from tests.distribution.helpers import (PY, conda_package, fresh_venv, pip, run_py, stub_conda, stub_wheel,
-                                        variant_for_this_python)
+from tests.distribution.helpers import PY, fresh_venv, pip, run_py, stub_wheel
 
 VIRTUAL = ["__unix=0=0", "__linux=6.1=0", "__glibc=2.36=0"]
-
-
-@pytest.fixture(scope="module")
-def channel(tmp_path_factory):
-    """Our sageattn3 builds for torch 2.7/2.8 (CUDA 12.9) and 2.10 (CUDA 13.0), plus stand-ins for conda-forge."""
-    root = tmp_path_factory.mktemp("chan")
-    channel = root / "channel"
-    (channel / "noarch").mkdir(parents=True)
-    packages = {}
-    for torch, cuda in (("2.7", "12.9"), ("2.8", "12.9"), ("2.10", "13.0")):
-        v = variant_for_this_python("sageattn3", torch, cuda)
-        packages[(torch, cuda)] = (v, conda_package(v, channel, marker=f"cu{cuda}torch{torch}"))
-    for torch, cuda in (("2.7.1", "12.9"), ("2.8.0", "12.9"), ("2.10.0", "13.0")):
-        stub_conda(channel, "pytorch", torch, f"cuda{cuda.replace('.', '')}_0",
-                   depends=[f"cuda-version >={cuda},<{int(cuda.split('.')[0]) + 1}", f"python {PY}.*"])
-    for cuda in ("12.9", "13.0"):
-        stub_conda(channel, "cuda-version", cuda, "h0", constrains=[f"__cuda >={cuda}"], subdir="noarch")
-    stub_conda(channel, "python", f"{PY}.0", "h0_cpython")
-    asyncio.run(index_fs(channel))
-    return channel, packages
 
 
 def solve(channel, specs, cuda):

@@ -1,0 +1,51 @@
+"""check-wheels: accepts exported wheels (and installs them), rejects inconsistent names and metadata."""
+import shutil
+import zipfile
+
+from scripts.wheel_check import main, problems
+
+
+def test_exported_wheels_pass_and_install(wheels, tmp_path, capsys):
+    stubs = tmp_path / "stubs"
+    from tests.distribution.helpers import stub_wheel
+    stub_wheel(stubs, "torch", "2.8.0")
+    assert main([str(wheels[("2.8", "12.9")]), "--no-index", "-f", str(stubs)]) == 0
+    assert "installed and imported" in capsys.readouterr().out
+
+
+def test_install_failure_is_reported(wheels, capsys):
+    # No torch to be had offline: pip can't satisfy torch==2.8.*.
+    assert main([str(wheels[("2.8", "12.9")]), "--no-index"]) == 1
+    assert "install/import failed" in capsys.readouterr().out
+
+
+def test_every_exported_wheel_is_consistent(wheels):
+    assert {w.name: problems(w) for w in wheels.values()} == {w.name: [] for w in wheels.values()}
+
+
+def renamed(wheel, tmp_path, new_name):
+    target = tmp_path / new_name
+    shutil.copy(wheel, target)
+    return target
+
+
+def test_bad_build_tag_and_mismatched_metadata(wheels, tmp_path):
+    wheel = wheels[("2.8", "12.9")]
+    no_tag = renamed(wheel, tmp_path, wheel.name.replace("-280.129", ""))
+    assert problems(no_tag) == ["no build tag: expected <torch>0.<CUDA>, e.g. 280.129"]
+    odd_tag = renamed(wheel, tmp_path, wheel.name.replace("280.129", "28.129"))
+    assert "is not <torch major><torch minor>0." in problems(odd_tag)[0]
+    other_torch = renamed(wheel, tmp_path, wheel.name.replace("280.129", "270.129"))
+    found = problems(other_torch)
+    assert any("does not pin torch==2.7.*" in p for p in found)
+    assert any("WHEEL Build '280.129'" in p for p in found)
+
+
+def test_tampered_file_fails_the_record_check(wheels, tmp_path):
+    wheel = wheels[("2.8", "12.9")]
+    tampered = tmp_path / wheel.name
+    with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(tampered, "w") as dst:
+        for item in src.infolist():
+            data = src.read(item)
+            dst.writestr(item, b"FLAVOUR = 'evil'\n" if item.filename == "sageattn3/__init__.py" else data)
+    assert problems(tampered)[0].startswith("unreadable wheel:")
