@@ -1,0 +1,100 @@
+"""GPU tests (run on any CUDA GPU; on non-Blackwell ones the Triton path runs emulated).
+
+    pytest -m gpu sageattention3_blackwell/tests -v -s
+"""
+import pytest
+import torch
+
+from sage3_metrics import cosine, rel_l1, sdpa_float64
+from sageattn3 import sageattn3_blackwell, triton_attn
+from sageattn3.dispatch import EMULATION_ENV, SUPPORTED_CAPABILITIES
+from sageattn3.prepare import quantize_inputs
+from sageattn3.reference import attention_reference
+
+pytestmark = pytest.mark.gpu
+
+
+def _is_blackwell() -> bool:
+    return torch.cuda.get_device_capability() in SUPPORTED_CAPABILITIES
+
+
+def _inputs(b, h, h_kv, n_q, n_k, d, dtype=torch.bfloat16, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return tuple(torch.randn(b, heads, n, d, generator=g, device="cuda", dtype=dtype)
+                 for heads, n in ((h, n_q), (h_kv, n_k), (h_kv, n_k)))
+
+
+def _poisoned_empty(*shape, **kwargs):
+    return torch.full(shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape,
+                      float("nan"), **kwargs)
+
+
+def test_unsupported_gpu_raises_and_points_to_sageattention():
+    if _is_blackwell():
+        pytest.skip("this GPU is supported")
+    q, k, v = _inputs(1, 2, 2, 128, 128, 64)
+    with pytest.raises(RuntimeError) as err:
+        sageattn3_blackwell(q, k, v)
+    message = str(err.value)
+    assert "Unsupported GPU" in message and torch.cuda.get_device_name() in message
+    assert "sageattention.sageattn" in message and EMULATION_ENV in message
+
+
+def test_environment_opt_in_runs_the_emulated_path(monkeypatch):
+    monkeypatch.setenv(EMULATION_ENV, "1")
+    q, k, v = _inputs(1, 2, 2, 128, 128, 64)
+    out = sageattn3_blackwell(q, k, v)
+    assert out.shape == q.shape and out.dtype == q.dtype and out.isfinite().all()
+
+
+@pytest.mark.parametrize("shape, is_causal", [
+    ((2, 4, 2, 512, 512, 128), False),
+    ((1, 8, 8, 333, 1000, 64), True),
+])
+def test_triton_matches_reference_on_gpu(monkeypatch, shape, is_causal):
+    b, h, h_kv, n_q, n_k, d = shape
+    q, k, v = _inputs(*shape)
+    qi = quantize_inputs(q, k, v)
+    scale = d ** -0.5
+    ref, ref_lse = attention_reference(qi, is_causal, scale)
+    monkeypatch.setattr(triton_attn.torch, "empty", _poisoned_empty)
+    out, lse = triton_attn.attention_triton(qi, is_causal, scale)
+    cos, l1 = cosine(out, ref), rel_l1(out, ref)
+    print(f"GPU triton (native={_is_blackwell()}) vs reference {shape} causal={is_causal}: cos={cos:.6f} "
+          f"relL1={l1:.4f} lse_err={(lse - ref_lse).abs().max().item():.2e}")
+    assert out.isfinite().all()
+    assert cos >= 0.999 and l1 <= 0.02 and (lse - ref_lse).abs().max() <= 1e-3
+
+
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+@pytest.mark.parametrize("shape, is_causal", [
+    ((2, 8, 2, 1024, 1024, 128), True),
+    ((1, 4, 4, 700, 900, 64), False),
+    ((1, 2, 1, 256, 300, 96), False),   # padded head_dim
+])
+def test_public_api_vs_float32_sdpa(shape, is_causal, layout):
+    q, k, v = _inputs(*shape)
+    ref = sdpa_float64(q.float(), k.float(), v.float(), is_causal=is_causal).float()
+    if layout == "NHD":
+        q, k, v = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+    copies = [t.clone() for t in (q, k, v)]
+    out = sageattn3_blackwell(q, k, v, is_causal=is_causal, tensor_layout=layout, allow_emulation=True)
+    assert all(torch.equal(a, b) for a, b in zip((q, k, v), copies))
+    if layout == "NHD":
+        out = out.transpose(1, 2)
+    cos, l1 = cosine(out, ref), rel_l1(out, ref)
+    print(f"GPU sageattn3 vs fp32 SDPA {shape} causal={is_causal} {layout}: cos={cos:.4f} relL1={l1:.3f}")
+    assert cos >= 0.975 and l1 <= 0.25
+
+
+def test_cuda_extension_matches_reference():
+    try:
+        from sageattn3 import _C  # noqa: F401
+    except ImportError:
+        pytest.skip("sageattn3._C not built")
+    if not _is_blackwell():
+        pytest.skip("the CUDA kernels need sm_100/sm_120/sm_121")
+    q, k, v = _inputs(1, 4, 2, 300, 500, 128)
+    ref = sageattn3_blackwell(q, k, v, backend="reference")
+    out = sageattn3_blackwell(q, k, v, backend="cuda")
+    assert cosine(out, ref) >= 0.999
