@@ -76,7 +76,7 @@ def build_variant(v: Variant, channel_dir: Path, channels: list[str], log: Path)
     with tempfile.TemporaryDirectory(dir=channel_dir, prefix=".build-") as scratch:
         with log.open("w") as out:
             proc = subprocess.run(build_command(v, Path(scratch), channels), stdout=out, stderr=subprocess.STDOUT,
-                                  cwd=ROOT)
+                                  cwd=ROOT, check=False)
         built = sorted(Path(scratch).glob(f"{v.platform}/{v.package}-*.conda"))
         if proc.returncode != 0 or len(built) != 1:
             note = f"exit {proc.returncode}" if proc.returncode else f"{len(built)} packages produced"

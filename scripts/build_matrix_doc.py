@@ -37,11 +37,11 @@ def render() -> str:
     forge = read(VARIANTS_DIR / "conda-forge.yaml", "conda_forge")
     lines = ["# Build matrix", "",
              "<!-- Generated from variants/ by `pixi run build-matrix-doc`; edit the data, not this file. -->", "",
-             "Every build is a conda package (rattler-build) exported as a wheel. Rows are what users asked for "
-             "(seed rows from the original fork, current rows for today's torch); each becomes one conda build per "
-             "platform, against what conda-forge's pytorch actually ships. Where conda-forge lacks a row's exact "
-             "torch + CUDA on a platform, the build uses the substitute named below and its wheel's build tag "
-             "says so.", "",
+             ("Every build is a conda package (rattler-build) exported as a wheel. Rows are what users asked for "
+              "(seed rows from the original fork, current rows for today's torch); each becomes one conda build per "
+              "platform, against what conda-forge's pytorch actually ships. Where conda-forge lacks a row's exact "
+              "torch + CUDA on a platform, the build uses the substitute named below and its wheel's build tag "
+              "says so."), "",
              "## What conda-forge ships (pytorch CUDA builds)", ""]
     lines += _table(["platform", "CUDA builds of pytorch"],
                     [[p, "; ".join(f"CUDA {b['cuda']}: torch {b['torch']}" for b in forge["pytorch_cuda_builds"][p])]
@@ -51,8 +51,8 @@ def render() -> str:
         m = load(package)
         v0 = m.variants[0]
         lines += [f"## {package} {v0.version}", "",
-                  f"Import `{v0.import_name}`, recipe `{v0.recipe}`. Wheels: "
-                  f"`{package}-{v0.version}-<build tag>-cpXY-cpXY-<platform>.whl`.", "",
+                  (f"Import `{v0.import_name}`, recipe `{v0.recipe}`. Wheels: "
+                   f"`{package}-{v0.version}-<build tag>-cpXY-cpXY-<platform>.whl`."), "",
                   "### Seed rows", ""]
         header = ["platform", "torch", "CUDA", "conda build", "Python", "build tag", "TORCH_CUDA_ARCH_LIST"]
         lines += _table(header, _rows(m, "seed"))

@@ -6,7 +6,7 @@ validated once, with errors that name the file, the row and what is supported.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import jsonschema
@@ -55,7 +55,6 @@ class Variant:
     cuda_arch_list: str
     toolchain: dict = field(compare=False, hash=False)
     wheel_platform: str = ""
-    wheel_requires: tuple[str, ...] = ()
 
     @property
     def torch(self) -> str:
@@ -227,7 +226,7 @@ class _Facts:
         return base
 
 
-@lru_cache(maxsize=None)
+@cache
 def load(package: str, root: Path = VARIANTS_DIR) -> Matrix:
     """Read and validate one package's matrix; raises VariantError naming the problem."""
     if package not in PACKAGES:
@@ -289,8 +288,7 @@ def _expand(spec: dict, facts: _Facts, row_set: str, row: dict, platform: str):
                     requested_torch=row["torch"], requested_cuda=row["cuda"], torch_version=torch, cuda=cuda,
                     substitute=substitute, cuda_arch_list=";".join(archs),
                     toolchain=facts.toolchain_for(platform, cuda),
-                    wheel_platform=facts.toolchain["platforms"][platform]["wheel_platform"],
-                    wheel_requires=tuple(spec.get("wheel_requires", {}).get(platform, ())))
+                    wheel_platform=facts.toolchain["platforms"][platform]["wheel_platform"])
             for py in row["python"]]
 
 

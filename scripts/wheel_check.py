@@ -72,7 +72,7 @@ def install_and_import(wheel: Path, pip_args: list[str], system_site_packages: b
         steps = [[python, "-m", "pip", "install", "--disable-pip-version-check", *pip_args, str(wheel)],
                  [python, "-c", "; ".join(f"import {m}" for m in top_level_packages(wheel))]]
         for step in steps:
-            proc = subprocess.run(step, capture_output=True, text=True)
+            proc = subprocess.run(step, capture_output=True, text=True, check=False)
             if proc.returncode != 0:
                 return (proc.stderr or proc.stdout).strip().splitlines()[-1]
     return None

@@ -54,9 +54,10 @@ def _pep440(spec: MatchSpec) -> str:
         return ""
     if "|" in version:
         raise ExportError(f"can't express conda spec {spec} as one PEP 440 specifier")
-    if version.endswith(".*") and not version.startswith(("=", ">", "<", "!", "~")):
-        return f"=={version}"
-    return version if version[0] in "=<>!~" else f"=={version}"
+    if version[0] in "=<>!~":
+        return version
+    # A bare conda version is fuzzy: "3.2" and "3.2.*" both mean any 3.2.x.
+    return f"=={version.removesuffix('.*')}.*"
 
 
 def _wheel_requires(package: str, platform: str) -> list[str]:

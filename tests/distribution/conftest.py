@@ -10,10 +10,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 # After the path fix: these import scripts/.
-from rattler.index import index_fs  # noqa: E402
+from rattler.index import index_fs
 
-from scripts.wheel_export import export  # noqa: E402
-from tests.distribution.helpers import PY, conda_package, stub_conda, variant_for_this_python  # noqa: E402
+from scripts.wheel_export import export
+from tests.distribution.helpers import PY, conda_package, stub_conda, variant_for_this_python
 
 
 @pytest.fixture(scope="session")

@@ -94,7 +94,7 @@ def pip(python: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PIP_CONFIG_FILE": os.devnull}
     env = {k: v for k, v in env.items() if not k.startswith("PIP_") or k == "PIP_CONFIG_FILE"}
     return subprocess.run([str(python), "-m", "pip", "--disable-pip-version-check", *args],
-                          capture_output=True, text=True, env=env)
+                          capture_output=True, text=True, env=env, check=False)
 
 
 def run_py(python: Path, code: str) -> str:

@@ -7,7 +7,7 @@ import sys
 import pytest
 from rattler.index import index_fs
 
-import scripts.build as build
+from scripts import build
 from scripts.variants import VARIANTS_DIR, load
 
 

@@ -56,7 +56,7 @@ def test_install_export_and_pip_install(channel, tmp_path):
 
     conda = next(path for (_, path) in channel[1].values() if picked(records) in path.name)
     wheel = export(conda, tmp_path / "wheels")
-    name, version, build, tags = parse_wheel_filename(wheel.name)
+    name, version, build, _ = parse_wheel_filename(wheel.name)
     assert (str(name), str(version), build) == ("sageattn3", "1.0.0", (280, ".129"))
     tag = PY.replace(".", "")
     assert wheel.name.startswith(f"sageattn3-1.0.0-280.129-cp{tag}-cp{tag}-manylinux_2_")
@@ -110,3 +110,21 @@ def test_files_outside_site_packages_are_refused(tmp_path):
     (tmp_path / "info" / "paths.json").write_text(json.dumps({"paths": [entry], "paths_version": 1}))
     with pytest.raises(ExportError, match="bin/tool lies outside lib/python"):
         site_packages_files(tmp_path, "linux-64", Flavour("12.9", "2.8", PY))
+
+
+def test_windows_package_exports_a_win_amd64_wheel_with_triton_windows(tmp_path):
+    staged = tmp_path / "staged" / "Lib" / "site-packages" / "sageattention"
+    staged.mkdir(parents=True)
+    (staged / "__init__.py").write_text("")
+    from rattler_build import assemble_package
+    out = assemble_package(name="sageattention", version="2.2.0", target_platform="win-64",
+                           build_string="cu128torch28py312h0123abc_0", output_dir=tmp_path / "chan",
+                           files_dir=tmp_path / "staged", depends=["python >=3.12,<3.13.0a0", "pytorch * cuda*",
+                                                                   "pytorch >=2.8,<2.9.0a0", "cuda-version >=12.8,<13"])
+    wheel = export(out.path, tmp_path / "wheels")
+    assert wheel.name == "sageattention-2.2.0-280.128-cp312-cp312-win_amd64.whl"
+    with zipfile.ZipFile(wheel) as zf:
+        meta = zf.read("sageattention-2.2.0.dist-info/METADATA").decode()
+        assert "sageattention/__init__.py" in zf.namelist()
+    requires = [line.split(": ", 1)[1] for line in meta.splitlines() if line.startswith("Requires-Dist")]
+    assert requires == ["torch==2.8.*", "triton-windows>=3.2"]

@@ -105,8 +105,9 @@ def test_sage3_recipe_skips_cuda_below_128_and_sage2_does_not():
     sage3 = next(v for v in load("sageattn3").variants if v.platform == "linux-64")
     sage2 = next(v for v in load("sageattention").variants if v.platform == "linux-64" and v.cuda == "12.9")
     out = render([on_cuda_126(sage3), on_cuda_126(sage2), sage3])
-    assert list(out.values())[0] is None
-    assert list(out.values())[1] is not None and list(out.values())[2] is not None
+    skipped, sage2_126, sage3_129 = out.values()
+    assert skipped is None
+    assert sage2_126 is not None and sage3_129 is not None
 
 
 def test_recipe_source_paths_point_at_the_packages():
