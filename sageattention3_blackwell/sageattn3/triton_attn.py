@@ -9,8 +9,8 @@ e2m1 x e4m3 value is exact in float16, so an fp16 `tl.dot` with float32 accumula
 same products; only the speed differs.
 """
 import math
-from typing import Optional
 import os
+from typing import Optional
 
 import torch
 import triton
