@@ -1,0 +1,230 @@
+"""Shared test helpers: input makers, accuracy metrics, the public variants and their oracles.
+
+Everything here runs on the GPU when there is one and on CPU under Triton's interpreter otherwise,
+so the GPU tests and their CPU rehearsals share one implementation of every check.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+import sageattention as sa
+from sageattention import dispatch, reference
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+LAYOUTS = ("HND", "NHD")
+
+
+# ---------------------------------------------------------------- inputs
+
+def hnd(x: torch.Tensor, layout: str) -> torch.Tensor:
+    """[B, H, N, D] view of a tensor in `layout`."""
+    return x if layout == "HND" else x.transpose(1, 2)
+
+
+def from_hnd(x: torch.Tensor, layout: str) -> torch.Tensor:
+    """A tensor in `layout` (a view, non-contiguous for NHD) from an HND tensor."""
+    return x if layout == "HND" else x.transpose(1, 2)
+
+
+def make_qkv(*, b=1, hq=2, hk=None, nq=64, nk=None, d=64, dtype=torch.float16, layout="HND", seed=0,
+             device=DEVICE, strided=False, contiguous=False, k_bias=0.0, q_outlier=0.0, n_outliers=4):
+    """Fresh random q, k, v in `layout` (NHD ones are transposed views of HND storage unless contiguous).
+
+    strided: views into wider storage, contiguous only in the last dim.
+    k_bias: scale of a per-channel bias added to every key (what K smoothing removes).
+    q_outlier: factor applied to `n_outliers` random channels of q."""
+    hk = hq if hk is None else hk
+    nk = nq if nk is None else nk
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(b, h, n, d, generator=gen) for h, n in ((hq, nq), (hk, nk), (hk, nk)))
+    if k_bias:
+        k = k + k_bias * torch.randn(d, generator=gen)
+    if q_outlier:
+        idx = torch.randperm(d, generator=gen)[:n_outliers]
+        q[..., idx] *= q_outlier
+    out = []
+    for x in (q, k, v):
+        if strided:
+            pad = torch.zeros(*x.shape[:-1], 8)
+            x = torch.cat([x, pad], dim=-1)
+        x = x.to(device=device, dtype=dtype)
+        x = x[..., :d] if strided else x
+        x = from_hnd(x, layout)
+        out.append(x.contiguous() if contiguous else x)
+    return tuple(out)
+
+
+# ---------------------------------------------------------------- metrics
+
+def metrics(out: torch.Tensor, ref: torch.Tensor) -> dict:
+    """cosine similarity, relative L1 and RMSE of out against ref (flattened, float64)."""
+    a, r = out.double().flatten(), ref.double().flatten()
+    cos = torch.nn.functional.cosine_similarity(a, r, dim=0).item()
+    rel_l1 = ((a - r).abs().sum() / r.abs().sum().clamp_min(1e-30)).item()
+    rmse = (a - r).pow(2).mean().sqrt().item()
+    return {"cos": cos, "rel_l1": rel_l1, "rmse": rmse}
+
+
+def assert_close(out, ref, *, cos: float, rel_l1: float, what: str = "") -> dict:
+    """out is finite and close to ref in cosine similarity and relative L1; returns the metrics."""
+    assert out.shape == ref.shape, f"{what}: shape {tuple(out.shape)} != {tuple(ref.shape)}"
+    assert torch.isfinite(out).all(), f"{what}: non-finite values in the output"
+    m = metrics(out, ref)
+    assert m["cos"] >= cos and m["rel_l1"] <= rel_l1, f"{what}: {m} (need cos >= {cos}, rel_l1 <= {rel_l1})"
+    return m
+
+
+def assert_lse_close(lse, ref_lse, *, atol: float, what: str = ""):
+    """LSE (fp32 [B, H, Nq]) close to a higher-precision LSE, with -inf exactly where ref is -inf."""
+    assert lse.dtype == torch.float32, f"{what}: lse dtype {lse.dtype}"
+    lse, ref_lse = lse.double().cpu(), ref_lse.double().cpu()
+    assert lse.shape == ref_lse.shape, f"{what}: lse shape {tuple(lse.shape)} != {tuple(ref_lse.shape)}"
+    ninf = torch.isneginf(ref_lse)
+    assert torch.equal(torch.isneginf(lse), ninf), f"{what}: -inf LSE rows differ"
+    err = (lse[~ninf] - ref_lse[~ninf]).abs().max().item() if (~ninf).any() else 0.0
+    assert err <= atol, f"{what}: max |lse - ref| = {err} > {atol}"
+
+
+# Accuracy bounds, from the reference algorithm's own error (tests/test_reference.py measures it):
+# vs the same quantized algorithm ("ref") and vs full-precision attention.
+TOL = {
+    "fp16": {"ref_cos": 0.9999, "ref_l1": 0.003, "cos": 0.9995, "l1": 0.03},
+    # FP8 P is rounded per key block against the running row max in the kernel and against the final
+    # row max in the reference: the two round differently, so kernel-vs-reference is FP8-noise level.
+    "fp8": {"ref_cos": 0.999, "ref_l1": 0.05, "cos": 0.999, "l1": 0.05},
+}
+
+
+# ---------------------------------------------------------------- oracles
+
+def reference_out(q, k, v, layout="HND", *, pv="fp16", gran="per_thread", **kw):
+    """sage_attention_reference on layout tensors; returns (out in layout, lse)."""
+    out, lse = reference.sage_attention_reference(hnd(q, layout).cpu(), hnd(k, layout).cpu(), hnd(v, layout).cpu(),
+                                                  pv_dtype=pv, qk_quant_gran=gran, **kw)
+    return from_hnd(out, layout), lse
+
+
+def fp64_out(q, k, v, layout="HND", **kw):
+    """float64 attention on layout tensors; returns (out fp64 in layout, lse fp64)."""
+    out, lse = reference.attention_fp64(hnd(q, layout).cpu(), hnd(k, layout).cpu(), hnd(v, layout).cpu(), **kw)
+    return from_hnd(out, layout), lse
+
+
+def sdpa_fp32(q, k, v, layout="HND", *, is_causal=False, attn_mask=None, sm_scale=None):
+    """fp32 SDPA on .float() inputs with an explicit bottom-right causal mask; returns (out fp32 layout, lse)."""
+    qh, kh, vh = (hnd(t, layout).float() for t in (q, k, v))
+    nq, nk = qh.shape[2], kh.shape[2]
+    rep = qh.shape[1] // kh.shape[1]
+    kh, vh = kh.repeat_interleave(rep, 1), vh.repeat_interleave(rep, 1)
+    bias = torch.zeros(nq, nk, device=qh.device)
+    if attn_mask is not None:
+        bias = bias + (attn_mask.float() if attn_mask.dtype != torch.bool
+                       else torch.zeros_like(attn_mask, dtype=torch.float32).masked_fill(~attn_mask, float("-inf")))
+    if is_causal:
+        bias = bias.masked_fill(~reference.causal_mask(nq, nk, qh.device), float("-inf"))
+    scale = qh.shape[-1] ** -0.5 if sm_scale is None else sm_scale
+    out = torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, attn_mask=bias, scale=scale)
+    lse = torch.logsumexp(qh @ kh.transpose(-1, -2) * scale + bias, dim=-1)
+    return from_hnd(out, layout), lse
+
+
+# ---------------------------------------------------------------- the public functions
+
+def sageattn_pv() -> str:
+    """P·V precision sageattn picks on this device (FP8 under the interpreter and on sm89+)."""
+    return "fp8" if dispatch.default_pv_fp8(dispatch.capability(DEVICE)) else "fp16"
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    fn: object
+    pv: str  # "fp16" or "fp8" (P·V precision)
+    gran: str = "per_thread"
+    kwargs: dict = field(default_factory=dict)
+    mask: bool = False  # accepts attn_mask
+    sm90_only: bool = False
+
+    def __call__(self, q, k, v, layout="HND", *, is_causal=False, return_lse=False, attn_mask=None, **kw):
+        extra = dict(self.kwargs, **kw)
+        if attn_mask is not None:
+            extra["attn_mask"] = attn_mask
+        res = self.fn(q, k, v, tensor_layout=layout, is_causal=is_causal, return_lse=return_lse, **extra)
+        return res if return_lse else (res, None)
+
+
+def _variants():
+    return [
+        Variant("sageattn", sa.sageattn, sageattn_pv(), mask=True),
+        Variant("fp16_triton", sa.sageattn_qk_int8_pv_fp16_triton, "fp16", "per_block", mask=True),
+        Variant("fp16_cuda-fp32", sa.sageattn_qk_int8_pv_fp16_cuda, "fp16", kwargs={"pv_accum_dtype": "fp32"}),
+        Variant("fp16_cuda-fp16+fp32", sa.sageattn_qk_int8_pv_fp16_cuda, "fp16", "per_warp",
+                kwargs={"pv_accum_dtype": "fp16+fp32", "qk_quant_gran": "per_warp"}),
+        Variant("fp8_cuda-fp32", sa.sageattn_qk_int8_pv_fp8_cuda, "fp8", kwargs={"pv_accum_dtype": "fp32"}),
+        Variant("fp8_cuda-fp32+fp32", sa.sageattn_qk_int8_pv_fp8_cuda, "fp8", "per_block",
+                kwargs={"pv_accum_dtype": "fp32+fp32", "qk_quant_gran": "per_block"}),
+        Variant("fp8_cuda-fp32+fp16", sa.sageattn_qk_int8_pv_fp8_cuda, "fp8", kwargs={"pv_accum_dtype": "fp32+fp16"}),
+        Variant("fp8_cuda_sm90", sa.sageattn_qk_int8_pv_fp8_cuda_sm90, "fp8", sm90_only=True),
+    ]
+
+
+VARIANTS = _variants()
+VARIANT_IDS = [v.name for v in VARIANTS]
+MASK_VARIANTS = [v for v in VARIANTS if v.mask]
+
+
+def variant(name: str) -> Variant:
+    return next(v for v in VARIANTS if v.name == name)
+
+
+def runs_here(var: Variant) -> bool:
+    """sm90-only kernels run on sm90 GPUs and under the interpreter."""
+    cap = dispatch.capability(DEVICE)
+    return not var.sm90_only or cap is None or cap == (9, 0)
+
+
+def check_variant_vs_fp32(var: Variant, q, k, v, layout="HND", *, is_causal=False, attn_mask=None,
+                          what="", **kw) -> dict:
+    """Run a public function and compare out and LSE with fp32 SDPA / logsumexp at the spec's thresholds."""
+    out, lse = var(q, k, v, layout, is_causal=is_causal, return_lse=True, attn_mask=attn_mask, **kw)
+    ref, ref_lse = sdpa_fp32(q, k, v, layout, is_causal=is_causal, attn_mask=attn_mask)
+    assert out.dtype == q.dtype and out.shape == q.shape
+    tol = TOL[var.pv]
+    m = assert_close(out, ref, cos=tol["cos"], rel_l1=tol["l1"], what=what or var.name)
+    # LSE: quantization error of the scores, which grows with their magnitude.
+    scale = ref_lse[torch.isfinite(ref_lse)].abs().max().item() if torch.isfinite(ref_lse).any() else 1.0
+    assert_lse_close(lse, ref_lse, atol=0.02 + 0.01 * scale, what=what or var.name)
+    return m
+
+
+# ---------------------------------------------------------------- interpreter limits
+
+@functools.lru_cache(maxsize=None)
+def interpreter_bf16_dot_ok() -> bool:
+    """Triton 3.6's interpreter computes tl.dot on bfloat16 operands wrongly (errors ~1e10): probe it."""
+    if DEVICE.type == "cuda":
+        return True
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _dot(A, B, C):
+        r = tl.arange(0, 16)
+        acc = tl.dot(tl.load(A + r[:, None] * 16 + r[None, :]), tl.load(B + r[:, None] * 16 + r[None, :]))
+        tl.store(C + r[:, None] * 16 + r[None, :], acc)
+
+    gen = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(16, 16, generator=gen).bfloat16() for _ in range(2))
+    c = torch.empty(16, 16)
+    _dot[(1,)](a, b, c)
+    return torch.allclose(c, a.float() @ b.float(), atol=1e-2)
+
+
+def skip_bf16_pv16(var: Variant, dtype) -> None:
+    """bf16 with 16-bit P·V needs a bf16 tl.dot, which the CPU interpreter gets wrong."""
+    if dtype == torch.bfloat16 and var.pv == "fp16" and not interpreter_bf16_dot_ok():
+        pytest.skip("Triton interpreter: tl.dot on bfloat16 operands is wrong (covered by the GPU tests)")
