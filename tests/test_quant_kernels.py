@@ -1,0 +1,86 @@
+"""Triton quantization kernels vs the reference quantizers: bit-exact INT8 values, scales and FP8 V."""
+import pytest
+import torch
+
+from sageattention import reference
+from sageattention.quant_groups import GRANULARITIES, k_grouping, q_grouping
+from sageattention.triton import quant
+from tests.helpers import DEVICE, hnd, make_qkv
+
+SHAPES = [  # (heads, tokens, head_dim): tokens not a multiple of any block, odd head_dims
+    (2, 100, 64),
+    (1, 200, 96),
+    (3, 1, 32),
+    (2, 128, 128),
+]
+
+
+def _assert_int8_matches(x_hnd, grouping, mean=None, seg=None, ref_mean=None):
+    got, got_scale = quant.quantize_int8(x_hnd, grouping, mean, seg)
+    want, want_scale = reference.quantize_int8(x_hnd.cpu(), grouping, None if ref_mean is None else ref_mean.cpu())
+    n = x_hnd.shape[2]
+    assert got.dtype == torch.int8 and got.shape == x_hnd.shape and got_scale.shape == x_hnd.shape[:3]
+    assert torch.equal(got_scale.cpu(), reference.expand_groups(want_scale, grouping, n)), "scales differ"
+    mism = (got.cpu() != want).sum().item()
+    assert mism == 0, f"{mism} int8 values differ"
+
+
+@pytest.mark.parametrize("gran", GRANULARITIES)
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+@pytest.mark.parametrize("h,n,d", SHAPES)
+def test_int8_q_exact(gran, layout, h, n, d):
+    q = make_qkv(b=2, hq=h, nq=n, d=d, layout=layout, seed=n + d, strided=layout == "HND")[0]
+    _assert_int8_matches(hnd(q, layout), q_grouping(gran))
+
+
+@pytest.mark.parametrize("gran", GRANULARITIES)
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+@pytest.mark.parametrize("h,n,d", SHAPES)
+def test_int8_k_smoothed_exact(gran, layout, h, n, d):
+    k = hnd(make_qkv(b=2, hq=h, nq=n, d=d, layout=layout, seed=n * d, k_bias=5.0)[1], layout)
+    mean = reference.token_mean(k).to(k.device)
+    _assert_int8_matches(k, k_grouping(gran), mean, ref_mean=mean)
+
+
+def test_int8_k_segment_mean_exact():
+    """Packed varlen keys: each token subtracts the mean of its own sequence."""
+    k = make_qkv(hq=2, nq=150, d=64, seed=11, k_bias=3.0)[1]
+    lengths = torch.tensor([40, 77, 33])
+    seg = torch.repeat_interleave(torch.arange(3, dtype=torch.int32), lengths).to(k.device)
+    means = torch.stack([reference.token_mean(part)[:, :, 0] for part in k.split(lengths.tolist(), dim=2)], dim=2)
+    _assert_int8_matches(k, k_grouping("per_block"), means.to(k.device), seg, ref_mean=means[:, :, seg.long().cpu()])
+
+
+def test_int8_values_use_full_range_and_zero_groups():
+    x = make_qkv(hq=1, nq=130, d=64, seed=12)[0].clone()
+    x[:, :, 64:] = 0  # the second 64-token K block all zero -> scale 1, values 0
+    g = k_grouping("per_block")
+    got, scale = quant.quantize_int8(x, g)
+    assert (scale[:, :, 64:128] == 1).all() and (got[:, :, 64:128] == 0).all()
+    assert got[:, :, :64].abs().max() == 127
+
+
+@pytest.mark.parametrize("smooth_v", [False, True])
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+@pytest.mark.parametrize("h,n,d", SHAPES)
+def test_fp8_v_exact(smooth_v, layout, h, n, d):
+    v = hnd(make_qkv(b=2, hq=h, nq=n, d=d, layout=layout, seed=n + 3 * d)[2], layout) * 3 + 1
+    mean = v.mean(dim=2, dtype=torch.float32).contiguous() if smooth_v else None
+    vt, scale = quant.quantize_v_fp8(v, mean)
+    want, want_scale = reference.quantize_v_fp8(v.cpu(), None if mean is None else mean[:, :, None, :].cpu())
+    n_pad = vt.shape[-1]
+    assert vt.dtype == torch.float8_e4m3fn and vt.shape[:3] == (2, h, d) and n_pad % 16 == 0 and n_pad >= n
+    assert torch.equal(scale.cpu(), want_scale), "per-channel V scales differ"
+    got = vt[..., :n].transpose(-1, -2).cpu()
+    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), "fp8 V values differ"
+
+
+def test_nan_makes_group_scale_nan():
+    """A NaN in a group poisons that group's scale (so it reaches the output), not the others."""
+    x = make_qkv(hq=1, nq=128, d=32, seed=13)[0].clone()
+    x[0, 0, 3, 5] = float("nan")
+    g = q_grouping("per_warp")
+    _, scale = quant.quantize_int8(x, g)
+    _, want = reference.quantize_int8(x.cpu(), g)
+    torch.testing.assert_close(scale.cpu(), reference.expand_groups(want, g, 128), rtol=0, atol=0, equal_nan=True)
+    assert scale[0, 0, :32].isnan().all() and not scale[0, 0, 32:].isnan().any()
