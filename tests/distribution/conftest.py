@@ -32,6 +32,7 @@ def channel(tmp_path_factory):
     for cuda in ("12.9", "13.0"):
         stub_conda(channel, "cuda-version", cuda, "h0", constrains=[f"__cuda >={cuda}"], subdir="noarch")
     stub_conda(channel, "python", f"{PY}.0", "h0_cpython")
+    stub_conda(channel, "triton", "3.4.0", "h0")
     asyncio.run(index_fs(channel))
     return channel, packages
 

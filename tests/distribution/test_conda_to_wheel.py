@@ -65,7 +65,7 @@ def test_install_export_and_pip_install(channel, tmp_path):
         info = zf.read("sageattn3-1.0.0.dist-info/WHEEL").decode()
         record = zf.read("sageattn3-1.0.0.dist-info/RECORD").decode()
         so = zf.read("sageattn3/_probe.so")
-    assert "Requires-Dist: torch==2.8.*" in meta and f"Requires-Python: >={PY}," in meta
+    assert "Requires-Dist: torch==2.8.*" in meta and "Requires-Dist: triton\n" in meta and f"Requires-Python: >={PY}," in meta
     assert "cuda" not in meta.lower().replace("cuda 12.8", "")
     assert "Build: 280.129" in info and "Root-Is-Purelib: false" in info
     assert "sageattn3/_probe.so,sha256=" in record
@@ -73,6 +73,7 @@ def test_install_export_and_pip_install(channel, tmp_path):
 
     stubs = tmp_path / "stubs"
     stub_wheel(stubs, "torch", "2.8.0")
+    stub_wheel(stubs, "triton", "3.4.0")
     python = fresh_venv(tmp_path / "venv")
     proc = pip(python, "install", "--no-index", "-f", str(stubs), str(wheel))
     assert proc.returncode == 0, proc.stderr

@@ -13,6 +13,7 @@ def stubs(tmp_path_factory):
     out = tmp_path_factory.mktemp("stubs")
     stub_wheel(out, "torch", "2.7.0")
     stub_wheel(out, "torch", "2.8.0")
+    stub_wheel(out, "triton", "3.4.0")
     return out
 
 
