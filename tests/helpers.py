@@ -89,6 +89,12 @@ def assert_lse_close(lse, ref_lse, *, atol: float, what: str = ""):
     assert err <= atol, f"{what}: max |lse - ref| = {err} > {atol}"
 
 
+def lse_tol(ref_lse) -> float:
+    """LSE error budget vs full precision: INT8 score error grows with the scores' magnitude."""
+    finite = ref_lse[torch.isfinite(ref_lse)]
+    return 0.02 + 0.01 * (finite.abs().max().item() if finite.numel() else 0.0)
+
+
 # Accuracy bounds, from the reference algorithm's own error (tests/test_reference.py measures it):
 # vs the same quantized algorithm ("ref") and vs full-precision attention.
 TOL = {
@@ -195,9 +201,7 @@ def check_variant_vs_fp32(var: Variant, q, k, v, layout="HND", *, is_causal=Fals
     assert out.dtype == q.dtype and out.shape == q.shape
     tol = TOL[var.pv]
     m = assert_close(out, ref, cos=tol["cos"], rel_l1=tol["l1"], what=what or var.name)
-    # LSE: quantization error of the scores, which grows with their magnitude.
-    scale = ref_lse[torch.isfinite(ref_lse)].abs().max().item() if torch.isfinite(ref_lse).any() else 1.0
-    assert_lse_close(lse, ref_lse, atol=0.02 + 0.01 * scale, what=what or var.name)
+    assert_lse_close(lse, ref_lse, atol=lse_tol(ref_lse), what=what or var.name)
     return m
 
 
@@ -228,3 +232,26 @@ def skip_bf16_pv16(var: Variant, dtype) -> None:
     """bf16 with 16-bit P·V needs a bf16 tl.dot, which the CPU interpreter gets wrong."""
     if dtype == torch.bfloat16 and var.pv == "fp16" and not interpreter_bf16_dot_ok():
         pytest.skip("Triton interpreter: tl.dot on bfloat16 operands is wrong (covered by the GPU tests)")
+
+
+def check_variant_vs_reference(var: Variant, q, k, v, layout="HND", *, is_causal=False, attn_mask=None,
+                               what="", **kw) -> dict:
+    """Run a public function (return_lse=True) and compare with the quantized reference and float64 attention."""
+    q0, k0, v0 = (t.clone() for t in (q, k, v))
+    out, lse = var(q, k, v, layout, is_causal=is_causal, return_lse=True, attn_mask=attn_mask, **kw)
+    for before, after in ((q0, q), (k0, k), (v0, v)):
+        assert torch.equal(before, after), "the inputs were modified"
+    assert out.dtype == q.dtype and out.shape == q.shape and out.device == q.device
+    ref_kw = {key: kw[key] for key in ("smooth_k", "smooth_v", "sm_scale") if key in kw}
+    gran = kw.get("qk_quant_gran", var.gran)
+    ref, ref_lse = reference_out(q, k, v, layout, pv=var.pv, gran=gran, is_causal=is_causal,
+                                 attn_mask=None if attn_mask is None else attn_mask.cpu(), **ref_kw)
+    exact, exact_lse = fp64_out(q, k, v, layout, is_causal=is_causal, sm_scale=kw.get("sm_scale"),
+                                attn_mask=None if attn_mask is None else attn_mask.cpu())
+    tol = TOL[var.pv]
+    name = what or var.name
+    m_ref = assert_close(out.cpu(), ref, cos=tol["ref_cos"], rel_l1=tol["ref_l1"], what=f"{name} vs reference")
+    m = assert_close(out.cpu(), exact, cos=tol["cos"], rel_l1=tol["l1"], what=f"{name} vs float64")
+    assert_lse_close(lse, ref_lse, atol=2e-3, what=f"{name} lse vs reference")
+    assert_lse_close(lse, exact_lse, atol=lse_tol(exact_lse), what=f"{name} lse vs float64")
+    return {"vs_ref": m_ref, "vs_fp64": m}

@@ -1,0 +1,160 @@
+"""Every public function through the Triton kernels (interpreter on CPU) vs the reference and float64."""
+import math
+
+import pytest
+import torch
+
+import sageattention as sa
+from sageattention import reference
+from tests.helpers import (
+    DEVICE, MASK_VARIANTS, TOL, VARIANT_IDS, VARIANTS, assert_close, assert_lse_close,
+    check_variant_vs_reference, fp64_out, hnd, make_qkv, sdpa_fp32, skip_bf16_pv16, variant,
+)
+
+SAGEATTN = variant("sageattn")
+FP16_CUDA = variant("fp16_cuda-fp32")
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+@pytest.mark.parametrize("var", VARIANTS, ids=VARIANT_IDS)
+def test_variant_gqa(var, layout, is_causal):
+    """GQA (4 q heads on 2 kv heads), lengths not multiples of any block, q shorter than k."""
+    q, k, v = make_qkv(b=2, hq=4, hk=2, nq=70, nk=100, d=64, layout=layout, seed=hash((var.name, layout)) % 1000)
+    check_variant_vs_reference(var, q, k, v, layout, is_causal=is_causal)
+
+
+@pytest.mark.parametrize("var", [SAGEATTN, FP16_CUDA], ids=lambda v: v.name)
+@pytest.mark.parametrize("d", [32, 96, 128, 160, 256])
+def test_head_dims(var, d):
+    q, k, v = make_qkv(hq=2, nq=40, nk=45, d=d, seed=d)
+    check_variant_vs_reference(var, q, k, v, is_causal=d % 64 == 0)
+
+
+@pytest.mark.parametrize("nq,nk", [(1, 1), (1, 77), (77, 1), (33, 65)])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_short_and_mqa(nq, nk, is_causal):
+    """Sequence length 1, MQA (1 kv head), batch 1, causal with nq > nk (leading rows see no key)."""
+    q, k, v = make_qkv(b=1, hq=3, hk=1, nq=nq, nk=nk, d=64, seed=nq * 100 + nk, layout="NHD")
+    check_variant_vs_reference(SAGEATTN, q, k, v, "NHD", is_causal=is_causal)
+
+
+@pytest.mark.parametrize("nq,nk", [(40, 100), (100, 40)])
+def test_causal_unequal_lengths_vs_sdpa_explicit_mask(nq, nk):
+    q, k, v = make_qkv(hq=2, nq=nq, nk=nk, d=64, seed=nq + nk)
+    out, lse = FP16_CUDA(q, k, v, is_causal=True, return_lse=True)
+    mask = reference.causal_mask(nq, nk)
+    sdpa = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask)
+    seen = mask.any(dim=1)  # rows with at least one key (SDPA gives NaN for the others)
+    assert_close(out[:, :, seen], sdpa[:, :, seen], cos=TOL["fp16"]["cos"], rel_l1=TOL["fp16"]["l1"])
+    assert (out[:, :, ~seen] == 0).all() and torch.isneginf(lse[:, :, ~seen]).all()
+
+
+@pytest.mark.parametrize("var", MASK_VARIANTS, ids=lambda v: v.name)
+@pytest.mark.parametrize("kind", ["bool", "additive"])
+@pytest.mark.parametrize("shape", ["nq_nk", "b_1_nq_nk", "1_h_1_nk"])
+def test_attn_mask(var, kind, shape):
+    b, h, nq, nk = 2, 2, 50, 80
+    q, k, v = make_qkv(b=b, hq=h, nq=nq, nk=nk, d=64, seed=21, layout="NHD")
+    full = {"nq_nk": (nq, nk), "b_1_nq_nk": (b, 1, nq, nk), "1_h_1_nk": (1, h, 1, nk)}[shape]
+    gen = torch.Generator().manual_seed(22)
+    keep = torch.rand(full, generator=gen) > 0.3
+    keep[..., 0] = True
+    if kind == "bool":
+        mask = keep
+    else:
+        mask = torch.where(keep, 2 * torch.randn(full, generator=gen), -math.inf).to(q.dtype)
+    check_variant_vs_reference(var, q, k, v, "NHD", attn_mask=mask.to(DEVICE))
+
+
+def test_attn_mask_fully_masked_rows_and_causal():
+    q, k, v = make_qkv(hq=2, nq=60, nk=60, d=32, seed=23)
+    mask = torch.ones(60, 60, dtype=torch.bool)
+    mask[[0, 31, 59]] = False
+    out, lse = sa.sageattn(q, k, v, attn_mask=mask, is_causal=True, return_lse=True)
+    assert torch.isfinite(out).all()
+    assert (out[:, :, [0, 31, 59]] == 0).all() and torch.isneginf(lse[:, :, [0, 31, 59]]).all()
+    check_variant_vs_reference(SAGEATTN, q, k, v, attn_mask=mask, is_causal=True)
+
+
+@pytest.mark.parametrize("var", [SAGEATTN, variant("fp16_triton"), variant("fp8_cuda-fp32+fp16")],
+                         ids=lambda v: v.name)
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+def test_bf16(var, layout):
+    skip_bf16_pv16(var, torch.bfloat16)
+    q, k, v = make_qkv(hq=2, nq=64, nk=90, d=64, dtype=torch.bfloat16, layout=layout, seed=24)
+    check_variant_vs_reference(var, q, k, v, layout)
+
+
+@pytest.mark.parametrize("var", [variant("fp16_cuda-fp16+fp32"), variant("fp8_cuda-fp32")], ids=lambda v: v.name)
+def test_smoothing_options_and_sm_scale(var):
+    q, k, v = make_qkv(hq=2, nq=64, nk=64, d=64, seed=25, k_bias=8.0)
+    v = v + 2
+    check_variant_vs_reference(var, q, k, v, smooth_v=True, sm_scale=0.3)
+    out_raw = var(q, k, v, smooth_k=False)[0]
+    out = var(q, k, v)[0]
+    exact = fp64_out(q, k, v)[0]
+    assert_close(out_raw, reference.sage_attention_reference(q, k, v, pv_dtype=var.pv, qk_quant_gran=var.gran,
+                                                              smooth_k=False)[0],
+                 cos=TOL[var.pv]["ref_cos"], rel_l1=TOL[var.pv]["ref_l1"], what="smooth_k=False vs reference")
+    assert_close(out, exact, cos=TOL[var.pv]["cos"], rel_l1=TOL[var.pv]["l1"])
+
+
+def test_output_layout_follows_input():
+    """NHD in -> NHD out (same shape as q), contiguous or transposed-view inputs alike."""
+    for contiguous in (False, True):
+        q, k, v = make_qkv(hq=3, nq=20, nk=30, d=32, layout="NHD", contiguous=contiguous, seed=26)
+        out = sa.sageattn(q, k, v, tensor_layout="NHD")
+        assert out.shape == (1, 20, 3, 32) and out.dtype == torch.float16
+        assert_close(hnd(out, "NHD"), hnd(fp64_out(q, k, v, "NHD")[0], "NHD"),
+                     cos=TOL["fp8"]["cos"], rel_l1=TOL["fp8"]["l1"])
+
+
+def test_matches_sdpa_fp32_helper():
+    """The GPU tests' oracle (tests.helpers.sdpa_fp32) agrees with float64 attention: GQA, causal, nq != nk."""
+    q, k, v = make_qkv(hq=4, hk=2, nq=30, nk=50, d=32, seed=27, layout="NHD")
+    out, lse = sdpa_fp32(q, k, v, "NHD", is_causal=True)
+    exact, exact_lse = fp64_out(q, k, v, "NHD", is_causal=True)
+    assert_close(out, exact, cos=0.99999, rel_l1=1e-4)
+    assert_lse_close(lse, exact_lse, atol=1e-4)
+
+
+# ---------------------------------------------------------------- varlen
+
+def _varlen_inputs(lens_q, lens_k, hq=4, hk=2, d=64, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(sum(lens_q), hq, d, generator=gen).half().to(DEVICE)
+    k = torch.randn(sum(lens_k), hk, d, generator=gen).half().to(DEVICE)
+    v = torch.randn(sum(lens_k), hk, d, generator=gen).half().to(DEVICE)
+
+    def cu(lens):
+        return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=DEVICE)
+
+    return q, k, v, cu(lens_q), cu(lens_k)
+
+
+def check_varlen(lens_q, lens_k, *, is_causal, seed=0, oracle=fp64_out, **kw):
+    """sageattn_varlen vs attention on each sequence separately (oracle: fp64_out or sdpa_fp32)."""
+    q, k, v, cu_q, cu_k = _varlen_inputs(lens_q, lens_k, seed=seed)
+    out = sa.sageattn_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), is_causal=is_causal, **kw)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    for i in range(len(lens_q)):
+        sq, sk = slice(cu_q[i], cu_q[i + 1]), slice(cu_k[i], cu_k[i + 1])
+        want = oracle(q[sq][None], k[sk][None], v[sk][None], "NHD", is_causal=is_causal)[0][0]
+        assert_close(out[sq].float(), want.float(), cos=TOL["fp16"]["cos"], rel_l1=TOL["fp16"]["l1"],
+                     what=f"sequence {i}")
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_varlen(is_causal):
+    check_varlen([37, 1, 90], [50, 64, 90], is_causal=is_causal, seed=int(is_causal))
+
+
+def test_varlen_k_bias_is_smoothed_per_sequence():
+    q, k, v, cu_q, cu_k = _varlen_inputs([30, 40], [30, 40], seed=3)
+    k[:30] += 10  # different bias per sequence: a global mean would leave one of them biased
+    k[30:] -= 10
+    out = sa.sageattn_varlen(q, k, v, cu_q, cu_k, 40, 40)
+    for sl in (slice(0, 30), slice(30, 70)):
+        want = fp64_out(q[sl][None], k[sl][None], v[sl][None], "NHD")[0][0]
+        assert_close(out[sl], want, cos=TOL["fp16"]["cos"], rel_l1=TOL["fp16"]["l1"])
