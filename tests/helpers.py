@@ -6,13 +6,14 @@ so the GPU tests and their CPU rehearsals share one implementation of every chec
 from __future__ import annotations
 
 import functools
+import inspect
 from dataclasses import dataclass, field
 
 import pytest
 import torch
 
 import sageattention as sa
-from sageattention import dispatch, reference
+from sageattention import core, dispatch, reference
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 LAYOUTS = ("HND", "NHD")
@@ -107,8 +108,15 @@ TOL = {
 
 # ---------------------------------------------------------------- oracles
 
-def reference_out(q, k, v, layout="HND", *, pv="fp16", gran="per_thread", **kw):
-    """sage_attention_reference on layout tensors; returns (out in layout, lse)."""
+_REF_PARAMS = inspect.signature(reference.sage_attention_reference).parameters
+
+
+def reference_out(q, k, v, layout="HND", *, pv="fp16", gran="per_thread", p_scale=None, **kw):
+    """sage_attention_reference on layout tensors; returns (out in layout, lse).
+
+    p_scale: the FP8 stretch of P (448, or 1 with an fp16 per-block accumulator), where the reference models it."""
+    if p_scale is not None and "p_scale" in _REF_PARAMS:
+        kw["p_scale"] = p_scale
     out, lse = reference.sage_attention_reference(hnd(q, layout).cpu(), hnd(k, layout).cpu(), hnd(v, layout).cpu(),
                                                   pv_dtype=pv, qk_quant_gran=gran, **kw)
     return from_hnd(out, layout), lse
@@ -154,6 +162,7 @@ class Variant:
     kwargs: dict = field(default_factory=dict)
     mask: bool = False  # accepts attn_mask
     sm90_only: bool = False
+    p_scale: float | None = None  # FP8 P stretch (None: the reference's default, 448)
 
     def __call__(self, q, k, v, layout="HND", *, is_causal=False, return_lse=False, attn_mask=None, **kw):
         extra = dict(self.kwargs, **kw)
@@ -165,7 +174,7 @@ class Variant:
 
 def _variants():
     return [
-        Variant("sageattn", sa.sageattn, sageattn_pv(), mask=True),
+        Variant("sageattn", sa.sageattn, sageattn_pv(), getattr(core, "SAGEATTN_GRAN", "per_thread"), mask=True),
         Variant("fp16_triton", sa.sageattn_qk_int8_pv_fp16_triton, "fp16", "per_block", mask=True),
         Variant("fp16_cuda-fp32", sa.sageattn_qk_int8_pv_fp16_cuda, "fp16", kwargs={"pv_accum_dtype": "fp32"}),
         Variant("fp16_cuda-fp16+fp32", sa.sageattn_qk_int8_pv_fp16_cuda, "fp16", "per_warp",
@@ -173,7 +182,8 @@ def _variants():
         Variant("fp8_cuda-fp32", sa.sageattn_qk_int8_pv_fp8_cuda, "fp8", kwargs={"pv_accum_dtype": "fp32"}),
         Variant("fp8_cuda-fp32+fp32", sa.sageattn_qk_int8_pv_fp8_cuda, "fp8", "per_block",
                 kwargs={"pv_accum_dtype": "fp32+fp32", "qk_quant_gran": "per_block"}),
-        Variant("fp8_cuda-fp32+fp16", sa.sageattn_qk_int8_pv_fp8_cuda, "fp8", kwargs={"pv_accum_dtype": "fp32+fp16"}),
+        Variant("fp8_cuda-fp32+fp16", sa.sageattn_qk_int8_pv_fp8_cuda, "fp8", kwargs={"pv_accum_dtype": "fp32+fp16"},
+                p_scale=1.0),
         Variant("fp8_cuda_sm90", sa.sageattn_qk_int8_pv_fp8_cuda_sm90, "fp8", sm90_only=True),
     ]
 
@@ -244,7 +254,7 @@ def check_variant_vs_reference(var: Variant, q, k, v, layout="HND", *, is_causal
     assert out.dtype == q.dtype and out.shape == q.shape and out.device == q.device
     ref_kw = {key: kw[key] for key in ("smooth_k", "smooth_v", "sm_scale") if key in kw}
     gran = kw.get("qk_quant_gran", var.gran)
-    ref, ref_lse = reference_out(q, k, v, layout, pv=var.pv, gran=gran, is_causal=is_causal,
+    ref, ref_lse = reference_out(q, k, v, layout, pv=var.pv, gran=gran, p_scale=var.p_scale, is_causal=is_causal,
                                  attn_mask=None if attn_mask is None else attn_mask.cpu(), **ref_kw)
     exact, exact_lse = fp64_out(q, k, v, layout, is_causal=is_causal, sm_scale=kw.get("sm_scale"),
                                 attn_mask=None if attn_mask is None else attn_mask.cpu())

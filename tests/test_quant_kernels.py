@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from sageattention import reference
-from sageattention.quant_groups import GRANULARITIES, k_grouping, q_grouping
+from sageattention.quant_groups import GRANULARITIES, K_BLOCK, k_grouping, q_grouping
 from sageattention.triton import quant
 from tests.helpers import DEVICE, hnd, make_qkv
 
@@ -52,12 +52,12 @@ def test_int8_k_segment_mean_exact():
 
 
 def test_int8_values_use_full_range_and_zero_groups():
-    x = make_qkv(hq=1, nq=130, d=64, seed=12)[0].clone()
-    x[:, :, 64:] = 0  # the second 64-token K block all zero -> scale 1, values 0
-    g = k_grouping("per_block")
-    got, scale = quant.quantize_int8(x, g)
-    assert (scale[:, :, 64:128] == 1).all() and (got[:, :, 64:128] == 0).all()
-    assert got[:, :, :64].abs().max() == 127
+    n = 2 * K_BLOCK + 2
+    x = make_qkv(hq=1, nq=n, d=64, seed=12)[0].clone()
+    x[:, :, K_BLOCK:2 * K_BLOCK] = 0  # the second K block all zero -> scale 1, values 0
+    got, scale = quant.quantize_int8(x, k_grouping("per_block"))
+    assert (scale[:, :, K_BLOCK:2 * K_BLOCK] == 1).all() and (got[:, :, K_BLOCK:2 * K_BLOCK] == 0).all()
+    assert got[:, :, :K_BLOCK].abs().max() == 127 and got[:, :, 2 * K_BLOCK:].abs().max() == 127
 
 
 @pytest.mark.parametrize("smooth_v", [False, True])

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from sageattention import reference
-from sageattention.quant_groups import GRANULARITIES, k_grouping, q_grouping
+from sageattention.quant_groups import GRANULARITIES, K_BLOCK, Q_BLOCK, k_grouping, q_grouping
 from tests.helpers import TOL, assert_close, assert_lse_close, make_qkv, metrics
 
 CPU = torch.device("cpu")
@@ -95,15 +95,16 @@ def test_causal_mask_more_queries_than_keys():
 
 @pytest.mark.parametrize("gran", GRANULARITIES)
 def test_quant_group_membership(gran):
-    """Tokens share a Q scale exactly as the spec says: per_block 128 tokens, per_warp 32, per_thread
-    rows r, r+8, r+16, r+24 of each warp's 32; K: 64-token blocks, per_thread columns by (j % 8) // 2."""
+    """Tokens share a Q scale exactly as documented: per_block Q_BLOCK tokens, per_warp 32, per_thread
+    rows r, r+8, r+16, r+24 of each warp's 32; K: K_BLOCK-token blocks, per_thread the columns of
+    one lane, (j % 8) // 2, within 64 keys (the m16n8k32 fragment layout)."""
     n = 256
     mags = torch.arange(1, n + 1, dtype=torch.float32)  # distinct row maxima
     x = (torch.ones(1, 1, n, 16) * mags[None, None, :, None]).half()
     for grouping, same in (
-        (q_grouping(gran), {"per_block": lambda i: i // 128, "per_warp": lambda i: i // 32,
+        (q_grouping(gran), {"per_block": lambda i: i // Q_BLOCK, "per_warp": lambda i: i // 32,
                             "per_thread": lambda i: (i // 32, i % 8)}[gran]),
-        (k_grouping(gran), {"per_block": lambda j: j // 64, "per_warp": lambda j: j // 64,
+        (k_grouping(gran), {"per_block": lambda j: j // K_BLOCK, "per_warp": lambda j: j // K_BLOCK,
                             "per_thread": lambda j: (j // 64, (j % 8) // 2)}[gran]),
     ):
         _, scale = reference.quantize_int8(x, grouping)
