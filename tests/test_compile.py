@@ -1,0 +1,69 @@
+"""torch.library ops: opcheck under the interpreter and the fake (meta) implementations' shapes/dtypes."""
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import sageattention as sa
+from sageattention import ops
+from tests.helpers import DEVICE, make_qkv
+
+# All of opcheck's checks: schema, fake impl, autograd registration, AOTAutograd tracing (dynamic shapes).
+OPCHECK_TESTS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+
+
+def _dense_args(layout, return_lse, mask=False):
+    q, k, v = make_qkv(hq=4, hk=2, nq=20, nk=33, d=32, layout=layout, contiguous=True, seed=41)
+    attn_mask = torch.ones(20, 33, dtype=torch.bool, device=DEVICE).tril(13).expand(1, 4, 20, 33) if mask else None
+    return (q, k, v, attn_mask, layout, True, 32**-0.5, "per_thread", True, True, False, True, False, return_lse, "")
+
+
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+@pytest.mark.parametrize("return_lse", [False, True])
+def test_opcheck_attention(layout, return_lse):
+    torch.library.opcheck(ops.attention, _dense_args(layout, return_lse, mask=return_lse), test_utils=OPCHECK_TESTS)
+
+
+def _varlen_args():
+    gen = torch.Generator().manual_seed(42)
+    q = torch.randn(30, 4, 32, generator=gen).half().to(DEVICE)
+    k = torch.randn(41, 2, 32, generator=gen).half().to(DEVICE)
+    v = torch.randn(41, 2, 32, generator=gen).half().to(DEVICE)
+    cu_q = torch.tensor([0, 12, 30], dtype=torch.int32, device=DEVICE)
+    cu_k = torch.tensor([0, 20, 41], dtype=torch.int32, device=DEVICE)
+    return (q, k, v, cu_q, cu_k, 18, True, 32**-0.5, True)
+
+
+def test_opcheck_attention_varlen():
+    torch.library.opcheck(ops.attention_varlen, _varlen_args(), test_utils=OPCHECK_TESTS)
+
+
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+@pytest.mark.parametrize("return_lse", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_fake_impl_shapes(layout, return_lse, dtype):
+    with FakeTensorMode():
+        shape = (2, 5, 37, 64) if layout == "HND" else (2, 37, 5, 64)
+        kv_shape = (2, 1, 50, 64) if layout == "HND" else (2, 50, 1, 64)
+        q = torch.empty(shape, dtype=dtype, device=DEVICE)
+        k = torch.empty(kv_shape, dtype=dtype, device=DEVICE)
+        out, lse = ops.attention(q, k, k, None, layout, False, 0.125, "per_thread", True, True, False, True, False,
+                                 return_lse, "")
+        assert out.shape == q.shape and out.dtype == dtype and out.device == q.device
+        assert lse.dtype == torch.float32
+        assert lse.shape == ((2, 5, 37) if return_lse else (0,))
+        vq = torch.empty(30, 4, 64, dtype=dtype, device=DEVICE)
+        vk = torch.empty(41, 2, 64, dtype=dtype, device=DEVICE)
+        cu = torch.empty(3, dtype=torch.int32, device=DEVICE)
+        out = ops.attention_varlen(vq, vk, vk, cu, cu, 18, False, 0.125, True)
+        assert out.shape == vq.shape and out.dtype == dtype
+
+
+def test_op_matches_eager_function():
+    """The registered op (what compiled graphs call) computes what the eager fast path computes."""
+    args = _dense_args("NHD", True)
+    out, lse = ops.attention(*args)
+    ref_out, ref_lse = ops._attention(*args)
+    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+    eager, eager_lse = sa.sageattn_qk_int8_pv_fp8_cuda(*args[:3], tensor_layout="NHD", is_causal=True,
+                                                       pv_accum_dtype="fp32+fp32", return_lse=True)
+    assert torch.equal(out, eager) and torch.equal(lse, eager_lse)
