@@ -20,6 +20,10 @@ FP8_PV_ACCUM = ("fp32", "fp32+fp32", "fp32+fp16")
 SM90_PV_ACCUM = ("fp32", "fp32+fp32")
 QUANT_BACKENDS = ("triton", "cuda")
 
+# sageattn's granularity: one Q scale per 32 rows and one K scale per 128 keys lets the Triton kernel
+# dequantize a score tile with one FMA per element (per-thread K scales vary along the tile).
+SAGEATTN_GRAN = "per_warp"
+
 SAGEATTN_KWARGS = ("attn_mask", "dropout_p", "smooth_k", "smooth_v", "qk_quant_gran", "pv_accum_dtype",
                    "quantization_backend")
 
@@ -58,7 +62,7 @@ def sageattn(q, k, v, tensor_layout="HND", is_causal=False, sm_scale=None, retur
     pv_fp8 = dispatch.default_pv_fp8(dispatch.capability(q.device))
     return _attention(
         "sageattn", q, k, v, tensor_layout=tensor_layout, is_causal=is_causal, sm_scale=sm_scale,
-        qk_quant_gran=kwargs.get("qk_quant_gran", "per_thread"), pv_fp8=pv_fp8,
+        qk_quant_gran=kwargs.get("qk_quant_gran", SAGEATTN_GRAN), pv_fp8=pv_fp8,
         pv_accum_dtype=kwargs.get("pv_accum_dtype", "fp32+fp32" if pv_fp8 else "fp32"),
         accum_choices=FP8_PV_ACCUM if pv_fp8 else FP16_PV_ACCUM, smooth_k=kwargs.get("smooth_k", True),
         smooth_v=kwargs.get("smooth_v", False), return_lse=return_lse, attn_mask=kwargs.get("attn_mask"),

@@ -10,7 +10,8 @@ The thread granularity follows the fragment layout of the INT8 tensor-core MMA
 (m16n8k32): a warp owns 32 query rows; lane group g (lane // 4) holds rows g, g+8, g+16,
 g+24 of them, so those 4 rows share a Q scale (8 scales per 32 rows). In the score tile a
 lane holds key columns 2t, 2t+1 (t = lane % 4) of every 8-column slice, so within 64 keys
-the 16 columns of one t share a K scale (4 scales per 64 keys).
+the 16 columns of one t share a K scale (4 scales per 64 keys). Per-block K periods are 128 keys,
+the longest key tile of the attention kernel, so such a tile has a single K scale.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 GRANULARITIES = ("per_block", "per_warp", "per_thread")
 
 Q_BLOCK = 128  # query tokens per quantization period
-K_BLOCK = 64  # key tokens per quantization period
+K_BLOCK = 128  # key tokens per per-block quantization period
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ _Q = {
 _K = {
     "per_block": Grouping(1, K_BLOCK, 1, 1),
     "per_warp": Grouping(1, K_BLOCK, 1, 1),
-    "per_thread": Grouping(1, K_BLOCK // 8, 4, 2),
+    "per_thread": Grouping(1, 64 // 8, 4, 2),
 }
 
 

@@ -72,7 +72,7 @@ def quantize_v_fp8(v: torch.Tensor, mean: torch.Tensor | None = None):
     v32 = v.float()
     if mean is not None:
         v32 = v32 - mean
-    scale = v32.abs().amax(dim=2) / FP8_MAX + (v32 * 0).sum(dim=2)
+    scale = v32.abs().amax(dim=2) / FP8_MAX
     scale = torch.where(scale == 0, torch.ones_like(scale), scale)
     return (v32 / scale[:, :, None, :]).to(torch.float8_e4m3fn), scale
 
@@ -127,9 +127,12 @@ def attention_fp64(q, k, v, *, is_causal=False, sm_scale=None, attn_mask=None):
 
 def sage_attention_reference(
     q, k, v, *, is_causal=False, sm_scale=None, qk_quant_gran="per_thread", pv_dtype="fp16",
-    smooth_k=True, smooth_v=False, attn_mask=None,
+    smooth_k=True, smooth_v=False, attn_mask=None, p_scale=FP8_MAX,
 ):
-    """The quantized algorithm on HND tensors. Returns (out in q's dtype, lse fp32 [B, H, Nq])."""
+    """The quantized algorithm on HND tensors. Returns (out in q's dtype, lse fp32 [B, H, Nq]).
+
+    p_scale: FP8 P·V only: the factor P in [0, 1] is stretched by before its FP8 cast (448 fills
+    e4m3's range; the kernels use 1 when the per-block accumulator is fp16, which 448 could overflow)."""
     b, hq, nq, d = q.shape
     nk = k.shape[2]
     sm_scale = d**-0.5 if sm_scale is None else sm_scale
@@ -147,7 +150,7 @@ def sage_attention_reference(
     if pv_dtype == "fp8":
         vm = token_mean(v) if smooth_v else None
         v_q, v_s = quantize_v_fp8(v, vm)
-        p_q = (p * FP8_MAX).to(torch.float8_e4m3fn).double() / FP8_MAX
+        p_q = (p * p_scale).to(torch.float8_e4m3fn).double() / p_scale
         pv = p_q @ _repeat_kv(v_q.double() * v_s[:, :, None, :].double(), hq)
         if vm is not None:
             pv = pv + l * _repeat_kv(vm.double(), hq)

@@ -11,7 +11,6 @@ import torch
 import triton
 import triton.language as tl
 
-from ..quant_groups import Grouping
 from .fp8 import INTERPRET, to_e4m3
 
 LOG2E = 1.4426950408889634
@@ -20,28 +19,28 @@ MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
 
 
 @triton.jit
-def _group_of(tok, G1: tl.constexpr, R1: tl.constexpr, G2: tl.constexpr, R2: tl.constexpr):
-    """Index of the quantization group holding token `tok` (see sageattention.quant_groups)."""
-    PERIOD: tl.constexpr = G1 * R1 * G2 * R2
-    rem = tok % PERIOD
-    return (tok // PERIOD) * (G1 * G2) + (rem // (R1 * G2 * R2)) * G2 + (rem % (G2 * R2)) // R2
-
-
-@triton.jit
 def _attn_block(
     acc, l_i, m_i, q, q_scale, K_base, KS_base, V_base, stride_vn, stride_vd,
     M_base, stride_mm, stride_mn, offs_m, offs_d, start_n, k_off, nq, nk, causal_offset,
-    D: tl.constexpr, BLOCK_N: tl.constexpr,
-    KG1: tl.constexpr, KR1: tl.constexpr, KG2: tl.constexpr, KR2: tl.constexpr,
-    MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr,
+    D: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr,
     PV_FP8: tl.constexpr, PV_TWO_LEVEL: tl.constexpr, PV_INNER_FP16: tl.constexpr, EXACT_ROUND: tl.constexpr,
+    LOG2_P_SCALE: tl.constexpr, K_SCALAR: tl.constexpr,
 ):
     offs_n = start_n + tl.arange(0, BLOCK_N)
     in_n = offs_n < nk
     k = tl.load(K_base + (k_off + offs_n[:, None]) * D + offs_d[None, :],
                 mask=in_n[:, None] & (offs_d[None, :] < D), other=0)
-    k_scale = tl.load(KS_base + _group_of(k_off + offs_n, KG1, KR1, KG2, KR2), mask=in_n, other=0.0)
-    s = tl.dot(q, tl.trans(k), out_dtype=tl.int32).to(tl.float32) * q_scale[:, None] * k_scale[None, :]
+    qk = tl.dot(q, tl.trans(k), out_dtype=tl.int32)
+    # Exact int32 -> fp32 for |x| < 2**22 (always true: |x| <= 127 * 127 * 256): the integer add puts x in the
+    # mantissa of 1.5 * 2**23, which the dequantization subtracts again; no conversion instruction, which
+    # would share the slow pipe with exp2.
+    f = (qk + 0x4B400000).to(tl.float32, bitcast=True)
+    if K_SCALAR:  # one K scale for the whole tile: dequantize with one FMA and per-row factors
+        c = q_scale * tl.load(KS_base + k_off + start_n)
+        s = f * c[:, None] - (12582912.0 * c)[:, None]
+    else:
+        k_scale = tl.load(KS_base + k_off + offs_n, mask=in_n, other=0.0)
+        s = (f - 12582912.0) * (q_scale[:, None] * k_scale[None, :])
     if MASK_KIND != 0:
         mptr = M_base + offs_m[:, None] * stride_mm + offs_n[None, :] * stride_mn
         mval = tl.load(mptr, mask=(offs_m[:, None] < nq) & in_n[None, :], other=0)
@@ -57,13 +56,14 @@ def _attn_block(
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # fully masked so far: keep p = 0, not NaN
     alpha = tl.math.exp2(m_i - m_use)
-    p = tl.math.exp2(s - m_use[:, None])
+    # p = P_SCALE * exp2(s - m): the stretch of P to e4m3's range rides in the exponent; l carries it too.
+    p = tl.math.exp2(s - (m_use - LOG2_P_SCALE)[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
     # V tile [BLOCK_N, D]; for FP8 the strides read V^T, whose contiguous axis is the tokens.
     v = tl.load(V_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
                 mask=in_n[:, None] & (offs_d[None, :] < D), other=0.0)
     if PV_FP8:
-        p_lo = to_e4m3(p * 448.0, EXACT_ROUND)
+        p_lo = to_e4m3(p, EXACT_ROUND)
     else:
         p_lo = p.to(v.dtype)
     if PV_TWO_LEVEL:
@@ -90,21 +90,21 @@ def _configs():
     ]
 
 
-@triton.autotune(configs=_configs(), key=["N_BUCKET", "D", "IS_CAUSAL", "MASK_KIND", "PV_FP8", "PV_TWO_LEVEL", "VARLEN"])
+@triton.autotune(configs=_configs(), key=["N_BUCKET", "D", "IS_CAUSAL", "MASK_KIND", "PV_FP8", "PV_TWO_LEVEL", "VARLEN", "K_SCALAR"])
 @triton.jit
 def _attn_fwd(
     Q, QS, K, KS, V, stride_vb, stride_vh, stride_vn, stride_vd, VS, VM,
     M, stride_mb, stride_mh, stride_mm, stride_mn,
     O, stride_ob, stride_oh, stride_on, LSE,
-    CU_Q, CU_K, nq_all, nk_all, n_qgroups, n_kgroups, kv_group, sm_scale_log2,
+    CU_Q, CU_K, nq_all, nk_all, kv_group, sm_scale_log2,
     N_BUCKET, H: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
-    QG1: tl.constexpr, QR1: tl.constexpr, QG2: tl.constexpr, QR2: tl.constexpr,
-    KG1: tl.constexpr, KR1: tl.constexpr, KG2: tl.constexpr, KR2: tl.constexpr,
     IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, PV_FP8: tl.constexpr,
     PV_TWO_LEVEL: tl.constexpr, PV_INNER_FP16: tl.constexpr, HAS_VM: tl.constexpr,
-    RETURN_LSE: tl.constexpr, VARLEN: tl.constexpr, EXACT_ROUND: tl.constexpr,
+    RETURN_LSE: tl.constexpr, VARLEN: tl.constexpr, EXACT_ROUND: tl.constexpr, K_SCALAR: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
+    # FP8 P·V stretches P in [0, 1] by 448 to fill e4m3's range, unless an fp16 accumulator could overflow.
+    LOG2_P_SCALE: tl.constexpr = 8.807354922057604 if (PV_FP8 and not PV_INNER_FP16) else 0.0
     start_m, h, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     hk = h // kv_group
     if VARLEN:  # packed sequences: batch index b selects a slice of one long token axis
@@ -122,10 +122,9 @@ def _attn_fwd(
     in_m = offs_m < nq
     q_rows = (bb * H + h) * nq_all + q_off + offs_m
     q = tl.load(Q + q_rows[:, None] * D + offs_d[None, :], mask=in_m[:, None] & (offs_d[None, :] < D), other=0)
-    q_scale = tl.load(QS + (bb * H + h) * n_qgroups + _group_of(q_off + offs_m, QG1, QR1, QG2, QR2),
-                      mask=in_m, other=0.0) * sm_scale_log2
+    q_scale = tl.load(QS + q_rows, mask=in_m, other=0.0) * sm_scale_log2
     K_base = K + (bb * HK + hk) * nk_all * D
-    KS_base = KS + (bb * HK + hk) * n_kgroups
+    KS_base = KS + (bb * HK + hk) * nk_all
     V_base = V + bb * stride_vb + hk * stride_vh + k_off * stride_vn
     M_base = M + b * stride_mb + h * stride_mh
 
@@ -146,17 +145,17 @@ def _attn_fwd(
         acc, l_i, m_i = _attn_block(
             acc, l_i, m_i, q, q_scale, K_base, KS_base, V_base, stride_vn, stride_vd,
             M_base, stride_mm, stride_mn, offs_m, offs_d, start_n, k_off, nq, nk, causal_offset,
-            D, BLOCK_N, KG1, KR1, KG2, KR2, False, IS_CAUSAL, MASK_KIND, PV_FP8, PV_TWO_LEVEL, PV_INNER_FP16, EXACT_ROUND)
+            D, BLOCK_N, False, IS_CAUSAL, MASK_KIND, PV_FP8, PV_TWO_LEVEL, PV_INNER_FP16, EXACT_ROUND, LOG2_P_SCALE, K_SCALAR)
     for start_n in range(full, hi, BLOCK_N):
         acc, l_i, m_i = _attn_block(
             acc, l_i, m_i, q, q_scale, K_base, KS_base, V_base, stride_vn, stride_vd,
             M_base, stride_mm, stride_mn, offs_m, offs_d, start_n, k_off, nq, nk, causal_offset,
-            D, BLOCK_N, KG1, KR1, KG2, KR2, True, IS_CAUSAL, MASK_KIND, PV_FP8, PV_TWO_LEVEL, PV_INNER_FP16, EXACT_ROUND)
+            D, BLOCK_N, True, IS_CAUSAL, MASK_KIND, PV_FP8, PV_TWO_LEVEL, PV_INNER_FP16, EXACT_ROUND, LOG2_P_SCALE, K_SCALAR)
 
     out = tl.where(l_i[:, None] == 0.0, 0.0, acc / l_i[:, None])
     if PV_FP8:
         v_scale = tl.load(VS + (bb * HK + hk) * D + offs_d, mask=offs_d < D, other=0.0)
-        out = out * (v_scale / 448.0)[None, :]
+        out = out * v_scale[None, :]
     if HAS_VM:  # V smoothing: softmax rows sum to 1, so the subtracted mean comes back as a constant
         vm = tl.load(VM + (bb * HK + hk) * D + offs_d, mask=offs_d < D, other=0.0)
         out = tl.where(l_i[:, None] == 0.0, 0.0, out + vm[None, :])
@@ -164,19 +163,22 @@ def _attn_fwd(
     tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=in_m[:, None] & (offs_d[None, :] < D))
     if RETURN_LSE:
         m_use = tl.where(m_i == float("-inf"), 0.0, m_i)
-        lse = (m_use + tl.math.log2(l_i)) * 0.6931471805599453
+        lse = (m_use + tl.math.log2(l_i) - LOG2_P_SCALE) * 0.6931471805599453
         tl.store(LSE + (b * H + h) * nq_all + offs_m, lse, mask=in_m)
 
 
 def attention(
-    q_i8, q_scale, qg: Grouping, k_i8, k_scale, kg: Grouping, v, *, v_scale=None, v_mean=None,
+    q_i8, q_scale, k_i8, k_scale, v, *, v_scale=None, v_mean=None,
     out_layout_view, sm_scale: float, is_causal: bool, mask=None, pv_two_level: bool, pv_inner_fp16: bool,
-    return_lse: bool, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+    return_lse: bool, k_scalar: bool, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
 ):
-    """Run the kernel. q_i8 [B, H, Nq, D] / k_i8 [B, HK, Nk, D] int8 contiguous with their group scales;
+    """Run the kernel. q_i8 [B, H, Nq, D] / k_i8 [B, HK, Nk, D] int8 contiguous with per-token scales;
     v: 16-bit [B, HK, Nk, D] (any strides, last dim contiguous) or FP8 V^T [B, HK, D, N_PAD] (v_scale set).
     out_layout_view: the output tensor viewed as [B, H, N, D] (last dim contiguous), written in place.
-    mask: None, bool or additive tensor already expanded to [B, H, Nq, Nk]. Returns lse [B, H, Nq] or None."""
+    mask: None, bool or additive tensor already expanded to [B, H, Nq, Nk].
+    k_scalar: K scales are constant over runs of K_BLOCK keys (per-block/per-warp), so each key tile of at most
+    K_BLOCK keys has one scale (not so for packed varlen batches, whose tiles start anywhere).
+    Returns lse [B, H, Nq] or None."""
     b, h, nq_all, d = q_i8.shape
     hk, nk_all = k_i8.shape[1], k_i8.shape[2]
     pv_fp8 = v_scale is not None
@@ -204,11 +206,10 @@ def attention(
         v_scale if pv_fp8 else dummy, v_mean if v_mean is not None else dummy,
         m, *ms, o, o.stride(0), o.stride(1), o.stride(2), lse if return_lse else dummy,
         cu_seqlens_q if varlen else dummy, cu_seqlens_k if varlen else dummy,
-        nq_all, nk_all, q_scale.shape[-1], k_scale.shape[-1], h // hk, sm_scale * LOG2E,
+        nq_all, nk_all, h // hk, sm_scale * LOG2E,
         triton.next_power_of_2(max(max_q, 16)), H=h, HK=hk, D=d, D_PAD=max(32, triton.next_power_of_2(d)),
-        QG1=qg.g1, QR1=qg.r1, QG2=qg.g2, QR2=qg.r2, KG1=kg.g1, KR1=kg.r1, KG2=kg.g2, KR2=kg.r2,
         IS_CAUSAL=is_causal, MASK_KIND=mask_kind, PV_FP8=pv_fp8, PV_TWO_LEVEL=pv_two_level,
         PV_INNER_FP16=pv_inner_fp16, HAS_VM=v_mean is not None, RETURN_LSE=return_lse, VARLEN=varlen,
-        EXACT_ROUND=INTERPRET,
+        EXACT_ROUND=INTERPRET, K_SCALAR=k_scalar and not varlen,
     )
     return lse

@@ -1,0 +1,157 @@
+"""Side-by-side attention benchmark: sageattention vs torch SDPA (flash and cuDNN backends), one process.
+
+    python -m bench.run                 # full protocol, writes bench/results/<device>.{json,png,md}
+    python -m bench.run --quick         # a few shapes
+
+Times are medians of CUDA-event timings (triton.testing.do_bench, L2 flushed between runs).
+TOPS = 4 * B * H * N^2 * D / t, halved for causal. "sage e2e" includes quantization;
+"sage kernel" times the attention kernel alone on pre-quantized inputs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+from pathlib import Path
+
+import torch
+import triton
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+import sageattention
+from sageattention.core import SAGEATTN_GRAN
+from sageattention.triton import pipeline
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def fa3_shapes(quick: bool):
+    """FA3-paper protocol: 16k tokens per batch, heads * head_dim = 2048."""
+    ns = (1024, 4096, 16384) if quick else (1024, 2048, 4096, 8192, 16384)
+    for d in (128, 64):
+        for causal in (False, True):
+            for n in ns:
+                yield dict(suite="fa3", b=16384 // n, h=2048 // d, n=n, d=d, causal=causal)
+
+
+def long_shapes(quick: bool):
+    ns = (8192, 32768) if quick else (1024, 2048, 4096, 8192, 16384, 32768)
+    for n in ns:
+        yield dict(suite="b4h32", b=4, h=32, n=n, d=128, causal=False)
+
+
+def sage_plan(pv_fp8: bool) -> pipeline.Plan:
+    """The plan sageattn() uses on a GPU with (pv_fp8) or without FP8 tensor cores."""
+    return pipeline.Plan(qk_quant_gran=SAGEATTN_GRAN, pv_fp8=pv_fp8, pv_two_level=pv_fp8)
+
+
+def methods(q, k, v, causal: bool, pv_fp8: bool):
+    qb, kb, vb = (t.to(torch.bfloat16) for t in (q, k, v))
+    plan = sage_plan(pv_fp8)
+    xq = pipeline.quantize(q, k, v, plan)
+    out = torch.empty_like(q)
+    sm_scale = q.shape[-1] ** -0.5
+
+    def sdpa_with(backend):
+        def run():
+            with sdpa_kernel(backend):
+                return sdpa(qb, kb, vb, is_causal=causal)
+        return run
+
+    return {
+        "sage e2e": lambda: sageattention.sageattn(q, k, v, is_causal=causal),
+        "sage kernel": lambda: pipeline.attend(xq, plan, out, sm_scale=sm_scale, is_causal=causal),
+        "sage per-thread e2e": lambda: sageattention.sageattn(q, k, v, is_causal=causal, qk_quant_gran="per_thread"),
+        "sage fp16-PV e2e": lambda: sageattention.sageattn_qk_int8_pv_fp16_triton(q, k, v, is_causal=causal),
+        "sdpa flash bf16": sdpa_with(SDPBackend.FLASH_ATTENTION),
+        "sdpa cudnn bf16": sdpa_with(SDPBackend.CUDNN_ATTENTION),
+    }
+
+
+def tops(shape, ms: float) -> float:
+    flops = 4 * shape["b"] * shape["h"] * shape["n"] ** 2 * shape["d"] / (2 if shape["causal"] else 1)
+    return flops / (ms * 1e-3) / 1e12
+
+
+def run(quick: bool, suites) -> list[dict]:
+    cap = torch.cuda.get_device_capability()
+    pv_fp8 = sageattention.dispatch.default_pv_fp8(cap)
+    rows = []
+    shapes = [s for gen in (fa3_shapes, long_shapes) for s in gen(quick) if s["suite"] in suites]
+    for shape in shapes:
+        torch.manual_seed(0)
+        q, k, v = (torch.randn(shape["b"], shape["h"], shape["n"], shape["d"], device="cuda", dtype=torch.float16)
+                   for _ in range(3))
+        row = dict(shape)
+        for name, fn in methods(q, k, v, shape["causal"], pv_fp8).items():
+            try:
+                ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+                row[name] = round(tops(shape, ms), 1)
+            except RuntimeError as e:  # a backend that does not take this shape
+                print(f"{name} {shape}: {e}".splitlines()[0], file=sys.stderr)
+                row[name] = None
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        del q, k, v
+        torch.cuda.empty_cache()
+    return rows
+
+
+def markdown(rows, names) -> str:
+    head = "| shape | " + " | ".join(names) + " |\n|---|" + "---|" * len(names) + "\n"
+    body = ""
+    for r in rows:
+        label = f"{r['suite']} B={r['b']} H={r['h']} N={r['n']} d{r['d']}{' causal' if r['causal'] else ''}"
+        body += f"| {label} | " + " | ".join("—" if r[n] is None else f"{r[n]:.0f}" for n in names) + " |\n"
+    return head + body
+
+
+def chart(rows, names, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = sorted({(r["suite"], r["d"], r["causal"]) for r in rows})
+    fig, axes = plt.subplots(1, len(groups), figsize=(4.5 * len(groups), 4), squeeze=False)
+    for ax, (suite, d, causal) in zip(axes[0], groups):
+        sel = [r for r in rows if (r["suite"], r["d"], r["causal"]) == (suite, d, causal)]
+        xs = [r["n"] for r in sel]
+        for n in names:
+            ax.plot(xs, [r[n] or 0 for r in sel], marker="o", label=n)
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"{suite} d{d}{' causal' if causal else ''}")
+        ax.set_xlabel("sequence length")
+        ax.set_ylabel("TOPS")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="a few shapes only")
+    ap.add_argument("--suite", action="append", choices=("fa3", "b4h32"), help="default: both")
+    ap.add_argument("--out", type=Path, default=RESULTS, help="directory for JSON, PNG and markdown")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench needs a CUDA GPU", file=sys.stderr)
+        return 2
+    rows = run(args.quick, set(args.suite or ("fa3", "b4h32")))
+    names = [n for n in rows[0] if n not in ("suite", "b", "h", "n", "d", "causal")]
+    device = torch.cuda.get_device_name()
+    meta = dict(device=device, torch=torch.__version__, triton=triton.__version__, python=platform.python_version(),
+                command="python -m bench.run " + " ".join(argv if argv is not None else sys.argv[1:]))
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = args.out / device.replace(" ", "_")
+    stem.with_suffix(".json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+    stem.with_suffix(".md").write_text(f"{meta}\n\n" + markdown(rows, names))
+    chart(rows, names, stem.with_suffix(".png"))
+    print(markdown(rows, names))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
