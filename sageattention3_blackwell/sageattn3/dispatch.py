@@ -6,6 +6,16 @@ import torch
 BACKENDS = ("auto", "cuda", "triton", "reference")
 EMULATION_ENV = "SAGEATTN3_ALLOW_EMULATION"
 SUPPORTED_CAPABILITIES = ((10, 0), (12, 0), (12, 1))
+NVFP4_TRITON = (3, 6)  # first Triton whose tl.dot_scaled lowers NVFP4 (e4m3 scales per 16) for sm_100 and sm_120
+
+
+def require_nvfp4_triton(version: str) -> None:
+    """The Triton path needs NVFP4 dot_scaled; older Triton (as pinned by torch 2.7/2.8) gets a clear error."""
+    major, minor = (int(x) for x in version.split(".")[:2])
+    if (major, minor) < NVFP4_TRITON:
+        raise RuntimeError(
+            f"sageattn3's Triton kernel needs Triton >= {NVFP4_TRITON[0]}.{NVFP4_TRITON[1]} (NVFP4 tl.dot_scaled); "
+            f"Triton {version} is installed. Use backend='cuda' (the compiled kernels) or upgrade Triton.")
 
 
 def _load_extension():
@@ -48,4 +58,7 @@ def choose_backend(device: torch.device, backend: str, allow_emulation: bool) ->
         return backend
     # "auto" picks Triton: its kernel logic is verified by the emulated runs; the CUDA kernels are
     # compile-verified only until they have run on Blackwell hardware (see README).
+    import triton
+
+    require_nvfp4_triton(triton.__version__)
     return "triton"
