@@ -7,7 +7,7 @@ import torch
 import sageattention as sa
 from sageattention import reference
 from tests.helpers import (
-    DEVICE, MASK_VARIANTS, TOL, VARIANT_IDS, VARIANTS, assert_close, assert_lse_close,
+    DEVICE, MASK_VARIANTS, TOL, VARIANT_IDS, VARIANTS, assert_close, assert_lse_close, check_variant_vs_fp32,
     check_variant_vs_reference, fp64_out, hnd, make_qkv, sdpa_fp32, skip_bf16_pv16, variant,
 )
 
@@ -158,3 +158,13 @@ def test_varlen_k_bias_is_smoothed_per_sequence():
     for sl in (slice(0, 30), slice(30, 70)):
         want = fp64_out(q[sl][None], k[sl][None], v[sl][None], "NHD")[0][0]
         assert_close(out[sl], want, cos=TOL["fp16"]["cos"], rel_l1=TOL["fp16"]["l1"])
+
+
+@pytest.mark.parametrize("var", VARIANTS, ids=VARIANT_IDS)
+def test_fp32_sdpa_check_on_cpu(var):
+    """The GPU tests' check (tests.helpers.check_variant_vs_fp32) on small CPU inputs: random and K-bias/Q-outlier."""
+    q, k, v = make_qkv(hq=4, hk=2, nq=60, nk=90, d=64, seed=28, layout="NHD")
+    check_variant_vs_fp32(var, q, k, v, "NHD", is_causal=True)
+    q, k, v = make_qkv(hq=2, nq=64, d=128, seed=29, k_bias=20.0, q_outlier=5.0)
+    kw = {"qk_quant_gran": "per_thread"} if "qk_quant_gran" in var.kwargs else {}  # as test_gpu.py
+    check_variant_vs_fp32(var, q, k, v, tol=TOL["fp8"] if var.gran == "per_block" and not kw else None, **kw)
