@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: environment, GPU tests, correctness pass, benchmark. Logs and results land in $OUT.
-# usage: bash bench/device_run.sh [quick|full] [pytest args...]
+# usage: bash bench/device_run.sh [quick|full|tests] [pytest args...]   (tests: GPU tests and correctness pass only)
 set -o pipefail
 mode=${1:-quick}; shift || true
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:$PWD/sageattention3_blackwell OUT=${OUT:-/tmp/out}
@@ -10,4 +10,7 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 if [ "$#" -gt 0 ]; then python3 -m pytest -m gpu -q -p no:cacheprovider "$@" 2>&1 | tee "$OUT/pytest_gpu.log"; fi
 python3 -m bench.gpu_check 2>&1 | tee "$OUT/gpu_check.log"
 [ "$mode" = quick ] && python3 -m bench.profile 2>&1 | tee "$OUT/profile.log"
-if [ "$mode" = full ]; then python3 -m bench.run --out "$OUT"; else python3 -m bench.run --quick --out "$OUT"; fi 2>&1 | tee "$OUT/bench.log"
+case "$mode" in
+  full) python3 -m bench.run --out "$OUT" 2>&1 | tee "$OUT/bench.log" ;;
+  quick) python3 -m bench.run --quick --out "$OUT" 2>&1 | tee "$OUT/bench.log" ;;
+esac

@@ -15,6 +15,9 @@ _PV_ACCUM = {
     # An fp16 running accumulator overflows for large V; "fp16" runs as "fp16+fp32".
     "fp16": (True, True),
 }
+# An fp16 per-block accumulator is used only for FP8 P·V (P in [0, 1] times V within +-448 stays below
+# 65504 over a key tile). 16-bit V can reach 6e4, so "fp16+fp32"/"fp16" with 16-bit P·V accumulate each
+# block in fp32: at least the precision asked for, never an overflow where SDPA is finite.
 FP16_PV_ACCUM = ("fp32", "fp16+fp32", "fp16")
 FP8_PV_ACCUM = ("fp32", "fp32+fp32", "fp32+fp16")
 SM90_PV_ACCUM = ("fp32", "fp32+fp32")
@@ -40,7 +43,7 @@ def _attention(fn_name, q, k, v, *, tensor_layout, is_causal, sm_scale, qk_quant
     mask = inputs.expand_mask(attn_mask, q, (b, hq, nq, nk))
     dispatch.check_supported(q.device, needs_fp8=pv_fp8, only=only_archs)
     two_level, inner_fp16 = _PV_ACCUM[pv_accum_dtype]
-    inner_fp16 = inner_fp16 and (pv_fp8 or q.dtype == torch.float16)  # no bf16 x bf16 -> fp16 product
+    inner_fp16 = inner_fp16 and pv_fp8
     out, lse = ops.run_attention(q, k, v, mask, tensor_layout, bool(is_causal), scale, qk_quant_gran, pv_fp8,
                                  two_level, inner_fp16, bool(smooth_k), bool(smooth_v), bool(return_lse), cuda_variant)
     return (out, lse) if return_lse else out

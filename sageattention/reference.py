@@ -121,7 +121,7 @@ def attention_fp64(q, k, v, *, is_causal=False, sm_scale=None, attn_mask=None):
     if is_causal:
         s = s.masked_fill(~causal_mask(nq, nk, q.device), -math.inf)
     p, m, l = _softmax_parts(s)
-    out = torch.where(l > 0, (p @ v64) / l, torch.zeros((), dtype=torch.float64))
+    out = torch.where(l == 0, torch.zeros((), dtype=torch.float64), (p @ v64) / l)  # NaN stays NaN
     return out, (m + torch.log(l)).squeeze(-1)
 
 
@@ -159,7 +159,7 @@ def sage_attention_reference(
         pv = p_q @ _repeat_kv(v.double(), hq)
     else:
         raise ValueError(f"pv_dtype={pv_dtype!r}; use 'fp16' or 'fp8'")
-    out = torch.where(l > 0, pv / l, torch.zeros((), dtype=torch.float64))
+    out = torch.where(l == 0, torch.zeros((), dtype=torch.float64), pv / l)  # NaN stays NaN
     lse = (m + torch.log(l)).squeeze(-1)
     if km is not None:
         lse = lse + sm_scale * (q.double() @ _repeat_kv(km.double(), hq).transpose(-1, -2)).squeeze(-1)
