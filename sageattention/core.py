@@ -32,8 +32,9 @@ SAGEATTN_KWARGS = ("attn_mask", "dropout_p", "smooth_k", "smooth_v", "qk_quant_g
 
 
 def _attention(fn_name, q, k, v, *, tensor_layout, is_causal, sm_scale, qk_quant_gran, pv_fp8, pv_accum_dtype,
-               accum_choices, smooth_k, smooth_v, return_lse, attn_mask=None, dropout_p=0.0, cuda_variant="",
+               accum_choices, smooth_k, smooth_v, return_lse, attn_mask=None, dropout_p=0.0, compiled=False,
                only_archs=None):
+    """compiled: fn_name is a `_cuda` variant, served by the CUDA extension once it is built for the GPU."""
     b, hq, _, nq, nk = inputs.check_dense(q, k, v, tensor_layout)
     check_granularity(qk_quant_gran)
     if pv_accum_dtype not in accum_choices:
@@ -45,7 +46,8 @@ def _attention(fn_name, q, k, v, *, tensor_layout, is_causal, sm_scale, qk_quant
     two_level, inner_fp16 = _PV_ACCUM[pv_accum_dtype]
     inner_fp16 = inner_fp16 and pv_fp8
     out, lse = ops.run_attention(q, k, v, mask, tensor_layout, bool(is_causal), scale, qk_quant_gran, pv_fp8,
-                                 two_level, inner_fp16, bool(smooth_k), bool(smooth_v), bool(return_lse), cuda_variant)
+                                 two_level, inner_fp16, bool(smooth_k), bool(smooth_v), bool(return_lse),
+                                 fn_name if compiled else "")
     return (out, lse) if return_lse else out
 
 
@@ -93,7 +95,7 @@ def sageattn_qk_int8_pv_fp16_cuda(q, k, v, tensor_layout="HND", is_causal=False,
         "sageattn_qk_int8_pv_fp16_cuda", q, k, v, tensor_layout=tensor_layout, is_causal=is_causal,
         sm_scale=sm_scale, qk_quant_gran=qk_quant_gran, pv_fp8=False, pv_accum_dtype=pv_accum_dtype,
         accum_choices=FP16_PV_ACCUM, smooth_k=smooth_k, smooth_v=smooth_v, return_lse=return_lse,
-        cuda_variant="sageattn_qk_int8_pv_fp16_cuda",
+        compiled=True,
     )
 
 
@@ -105,7 +107,7 @@ def sageattn_qk_int8_pv_fp8_cuda(q, k, v, tensor_layout="HND", is_causal=False, 
         "sageattn_qk_int8_pv_fp8_cuda", q, k, v, tensor_layout=tensor_layout, is_causal=is_causal,
         sm_scale=sm_scale, qk_quant_gran=qk_quant_gran, pv_fp8=True, pv_accum_dtype=pv_accum_dtype,
         accum_choices=FP8_PV_ACCUM, smooth_k=smooth_k, smooth_v=smooth_v, return_lse=return_lse,
-        cuda_variant="sageattn_qk_int8_pv_fp8_cuda",
+        compiled=True,
     )
 
 
@@ -116,7 +118,7 @@ def sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v, tensor_layout="HND", is_causal=Fa
         "sageattn_qk_int8_pv_fp8_cuda_sm90", q, k, v, tensor_layout=tensor_layout, is_causal=is_causal,
         sm_scale=sm_scale, qk_quant_gran=qk_quant_gran, pv_fp8=True, pv_accum_dtype=pv_accum_dtype,
         accum_choices=SM90_PV_ACCUM, smooth_k=smooth_k, smooth_v=False, return_lse=return_lse,
-        cuda_variant="sageattn_qk_int8_pv_fp8_cuda_sm90", only_archs={(9, 0)},
+        compiled=True, only_archs={(9, 0)},
     )
 
 

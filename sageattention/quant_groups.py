@@ -38,9 +38,6 @@ class Grouping:
     def groups_per_block(self) -> int:
         return self.g1 * self.g2
 
-    def num_groups(self, n_tokens: int) -> int:
-        return -(-n_tokens // self.block) * self.groups_per_block
-
 
 _Q = {
     "per_block": Grouping(1, Q_BLOCK, 1, 1),

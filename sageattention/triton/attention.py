@@ -5,8 +5,6 @@ softmax is exp2(s - rowmax) and the LSE is converted back to natural log at the 
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -79,7 +77,7 @@ def _attn_block(
 
 
 def _configs():
-    if os.environ.get("TRITON_INTERPRET") == "1":
+    if INTERPRET:
         return [triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=4, num_stages=1)]
     return [
         triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
