@@ -1,9 +1,10 @@
 """PyTorch reference of the quantized attention algorithm; runs on CPU; the oracle for kernel tests.
 
 All tensors here are HND: [batch, heads, tokens, head_dim]. The quantizers reproduce the Triton
-kernels' arithmetic operation for operation (fp32, IEEE division, round half away from zero), so
-quantized values must match the kernels bit for bit. The attention itself is evaluated in float64
-from the quantized operands, with P rounded the way the kernel rounds it.
+kernels' arithmetic operation for operation (fp32; x * (1 / s) with the reciprocal an IEEE
+division; round half away from zero), so quantized values must match the kernels bit for bit. The
+attention itself is evaluated in float64 from the quantized operands, with P rounded the way the
+kernel rounds it.
 
 Algorithm (SageAttention / SageAttention2):
   K smoothing   k' = k - mean_tokens(k)          (softmax is invariant to a per-row constant)
@@ -62,7 +63,7 @@ def quantize_int8(x: torch.Tensor, g: Grouping, mean: torch.Tensor | None = None
         x32 = x32 - mean
     scale = _grouped_scale(x32, g)
     tok_scale = expand_groups(scale, g, x.shape[2])
-    return round_to_int8(x32 / tok_scale[..., None]), scale
+    return round_to_int8(x32 * (1.0 / tok_scale)[..., None]), scale
 
 
 def quantize_v_fp8(v: torch.Tensor, mean: torch.Tensor | None = None):
@@ -74,7 +75,7 @@ def quantize_v_fp8(v: torch.Tensor, mean: torch.Tensor | None = None):
         v32 = v32 - mean
     scale = v32.abs().amax(dim=2) / FP8_MAX
     scale = torch.where(scale == 0, torch.ones_like(scale), scale)
-    return (v32 / scale[:, :, None, :]).to(torch.float8_e4m3fn), scale
+    return (v32 * (1.0 / scale)[:, :, None, :]).to(torch.float8_e4m3fn), scale
 
 
 def token_mean(x: torch.Tensor) -> torch.Tensor:

@@ -32,17 +32,6 @@ from scripts.render import write_variant_config
 from scripts.variants import PACKAGES, PLATFORMS, ROOT, Variant, VariantError, load
 from scripts.wheel_export import ExportError, export
 
-# The engine's build entry point, run in a child so each variant gets its own log and process.
-_ENGINE = (
-    "import json, sys\n"
-    "from rattler_build import PlatformConfig, RenderConfig, Stage0Recipe, ToolConfiguration, VariantConfig\n"
-    "recipe, platform, out, variant, channels = sys.argv[1:]\n"
-    "config = VariantConfig({k: [v] for k, v in json.loads(variant).items()})\n"
-    "rendered = Stage0Recipe.from_file(recipe).render(config, RenderConfig(platform=PlatformConfig(target_platform=platform)))\n"
-    "for r in rendered:\n"
-    "    r.run_build(tool_config=ToolConfiguration(test_strategy='native'), output_dir=out, channels=json.loads(channels))\n"
-)
-
 
 @dataclass
 class Outcome:
@@ -64,8 +53,14 @@ def build_command(v: Variant, scratch: Path, channels: list[str]) -> list[str]:
         return [cli, "build", "--recipe", str(recipe), "-m", str(config), "--ignore-recipe-variants",
                 "--target-platform", v.platform, "--output-dir", str(scratch),
                 *(a for c in channels for a in ("-c", c))]
-    return [sys.executable, "-c", _ENGINE, str(recipe), v.platform, str(scratch),
+    return [sys.executable, "-m", "scripts.engine", str(recipe), v.platform, str(scratch),
             json.dumps(v.variant_config()), json.dumps(channels)]
+
+
+def build_env(v: Variant) -> dict[str, str]:
+    """The build's environment. conda-forge's CUDA pytorch depends on the virtual package __cuda, which a
+    builder without an NVIDIA driver (CI runners) lacks, so CONDA_OVERRIDE_CUDA defaults to the variant's CUDA."""
+    return {"CONDA_OVERRIDE_CUDA": v.cuda, **os.environ}
 
 
 def build_variant(v: Variant, channel_dir: Path, channels: list[str], log: Path) -> Outcome:
@@ -76,7 +71,7 @@ def build_variant(v: Variant, channel_dir: Path, channels: list[str], log: Path)
     with tempfile.TemporaryDirectory(dir=channel_dir, prefix=".build-") as scratch:
         with log.open("w") as out:
             proc = subprocess.run(build_command(v, Path(scratch), channels), stdout=out, stderr=subprocess.STDOUT,
-                                  cwd=ROOT, check=False)
+                                  cwd=ROOT, env=build_env(v), check=False)
         built = sorted(Path(scratch).glob(f"{v.platform}/{v.package}-*.conda"))
         if proc.returncode != 0 or len(built) != 1:
             note = f"exit {proc.returncode}" if proc.returncode else f"{len(built)} packages produced"

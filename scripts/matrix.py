@@ -8,6 +8,7 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
+from scripts.ci import CIError, write_github_output
 from scripts.variants import PACKAGES, PLATFORMS, Variant, VariantError, load
 
 
@@ -33,10 +34,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", default="default")
     parser.add_argument("--platform", choices=PLATFORMS, help="only this platform (default: both)")
     parser.add_argument("--format", choices=("json", "table"), default="table")
+    parser.add_argument("--github-output", action="store_true",
+                        help="also write matrix=<compact JSON> and count=<n> to $GITHUB_OUTPUT (CI's generate-matrix job)")
     args = parser.parse_args(argv)
     try:
         variants = load(args.package).select(args.profile, args.platform)
-    except VariantError as exc:
+        if args.github_output:
+            # One line per key; a job matrix can't be empty, so the workflow skips the build when count is 0.
+            write_github_output({"matrix": json.dumps([v.to_json() for v in variants], separators=(",", ":")),
+                                 "count": str(len(variants))})
+    except (VariantError, CIError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.format == "json":

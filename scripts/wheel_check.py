@@ -7,10 +7,10 @@ the filename; RECORD hashes hold. Wheels for another interpreter or platform are
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import sys
 import tempfile
-import venv
 from email.parser import Parser
 from pathlib import Path
 
@@ -59,15 +59,32 @@ def installable_here(wheel: Path) -> bool:
     return bool(set(tags) & set(sys_tags()))
 
 
+# A compiled extension module's file: sageattn3/_C.cpython-311-x86_64-linux-gnu.so, _C.cp312-win_amd64.pyd, x.abi3.so.
+_EXTENSION = re.compile(r"\.(cpython-[^./]+|abi3|cp\d+-win_amd64)\.(so|pyd)$")
+
+
+def modules_to_import(paths: list[str]) -> list[str]:
+    """Top-level packages among site-packages-relative `paths`, then their compiled extensions (e.g. sageattn3._C)."""
+    packages = sorted({p.split("/")[0] for p in paths if p.count("/") == 1 and p.endswith("/__init__.py")})
+    extensions = sorted(_EXTENSION.sub("", p).replace("/", ".") for p in paths
+                        if _EXTENSION.search(p) and p.split("/")[0] in packages)
+    return packages + extensions
+
+
 def top_level_packages(wheel: Path) -> list[str]:
+    """What install_and_import imports: the wheel's top-level packages and compiled extension modules."""
     with WheelFile(wheel) as whl:
-        return sorted({n.split("/")[0] for n in whl.namelist() if n.count("/") == 1 and n.endswith("/__init__.py")})
+        return modules_to_import(whl.namelist())
 
 
-def install_and_import(wheel: Path, pip_args: list[str], system_site_packages: bool) -> str | None:
-    """Install into a fresh venv and import every top-level package; the error text, or None."""
+def install_and_import(wheel: Path, pip_args: list[str], system_site_packages: bool,
+                       base_python: str | None = None) -> str | None:
+    """Install into a fresh venv of base_python (default: this one) and import top_level_packages(wheel).
+
+    Returns the error text, or None."""
     with tempfile.TemporaryDirectory(prefix="sage-check-") as tmp:
-        venv.EnvBuilder(with_pip=True, system_site_packages=system_site_packages).create(tmp)
+        flags = ["--system-site-packages"] if system_site_packages else []
+        subprocess.run([base_python or sys.executable, "-m", "venv", *flags, tmp], check=True)
         python = str(Path(tmp) / ("Scripts/python.exe" if sys.platform == "win32" else "bin/python"))
         steps = [[python, "-m", "pip", "install", "--disable-pip-version-check", *pip_args, str(wheel)],
                  [python, "-c", "; ".join(f"import {m}" for m in top_level_packages(wheel))]]
@@ -85,11 +102,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--find-links", "-f", action="append", default=[], help="extra find-links for pip (torch)")
     parser.add_argument("--no-index", action="store_true", help="pip may not reach an index")
     parser.add_argument("--system-site-packages", action="store_true", help="let the venv see an installed torch")
+    parser.add_argument("--python", help="make the venv from this interpreter (e.g. the wheel's Python in CI); "
+                        "every wheel is then installed, whatever this interpreter's tags")
+    parser.add_argument("--extra-index-url", action="append", default=[],
+                        help="extra index for pip, e.g. https://download.pytorch.org/whl/cpu for a CPU torch")
     args = parser.parse_args(argv)
     if not args.wheels:
         print("error: no wheels given and none in dist/wheels", file=sys.stderr)
         return 2
-    pip_args = [*(["--no-index"] if args.no_index else []), *(a for f in args.find_links for a in ("-f", f))]
+    pip_args = [*(["--no-index"] if args.no_index else []), *(a for f in args.find_links for a in ("-f", f)),
+                *(a for url in args.extra_index_url for a in ("--extra-index-url", url))]
     table = Table(title="wheel check")
     for col in ("wheel", "torch", "CUDA", "result"):
         table.add_column(col)
@@ -98,8 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         found = problems(wheel)
         flavour = wheel_flavour(wheel.name) if not found else None
         if not found and not args.no_install:
-            if installable_here(wheel):
-                error = install_and_import(wheel, pip_args, args.system_site_packages)
+            if args.python or installable_here(wheel):
+                error = install_and_import(wheel, pip_args, args.system_site_packages, args.python)
                 found = [f"install/import failed: {error}"] if error else []
                 result = "ok, installed and imported" if not found else ""
             else:

@@ -84,3 +84,21 @@ def test_nan_makes_group_scale_nan():
     _, want = reference.quantize_int8(x.cpu(), g)
     torch.testing.assert_close(scale.cpu(), reference.expand_groups(want, g, 128), rtol=0, atol=0, equal_nan=True)
     assert scale[0, 0, :32].isnan().all() and not scale[0, 0, 32:].isnan().any()
+
+
+@pytest.mark.parametrize("with_k,with_v,smooth_v", [(True, True, False), (True, False, False), (False, True, True)])
+def test_token_stats_one_pass(with_k, with_v, smooth_v):
+    """The fused K-mean / V-absmax pass vs torch, on a length with a partial last block."""
+    _, k, v = make_qkv(b=2, hq=3, nq=1100, d=64, seed=14, k_bias=4.0)  # 3 chunks, the last partial
+    v = v * 5 - 2
+    v_mean = v.mean(dim=2, dtype=torch.float32).contiguous() if smooth_v else None
+    k_mean, v_amax = quant.token_stats(k if with_k else None, v if with_v else None, v_mean)
+    if with_k:
+        torch.testing.assert_close(k_mean, k.float().mean(dim=2, keepdim=True), rtol=1e-5, atol=1e-5)
+    else:
+        assert k_mean is None
+    if with_v:
+        centred = v.float() - (v_mean[:, :, None, :] if smooth_v else 0)
+        torch.testing.assert_close(v_amax, centred.abs().amax(dim=2), rtol=0, atol=0)
+    else:
+        assert v_amax is None

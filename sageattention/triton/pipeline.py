@@ -45,15 +45,19 @@ def _segment_mean(x: torch.Tensor, seg: torch.Tensor, n_seg: int) -> torch.Tenso
 
 def quantize(q, k, v, plan: Plan, seg_k: torch.Tensor | None = None, n_seg: int = 1) -> Quantized:
     """seg_k: for packed varlen batches, the sequence index of every key token (int32 [total_k])."""
-    k_mean = None
-    if plan.smooth_k:
-        k_mean = _segment_mean(k, seg_k, n_seg) if seg_k is not None else k.mean(dim=2, keepdim=True, dtype=torch.float32)
+    v_mean = v.mean(dim=2, dtype=torch.float32).contiguous() if plan.smooth_v else None
+    # One read of K and V gives the K mean (dense batches) and the FP8 V scales' absmax.
+    dense_mean = plan.smooth_k and seg_k is None
+    k_mean, v_amax = (None, None)
+    if dense_mean or plan.pv_fp8:
+        k_mean, v_amax = quant.token_stats(k if dense_mean else None, v if plan.pv_fp8 else None, v_mean)
+    if plan.smooth_k and seg_k is not None:
+        k_mean = _segment_mean(k, seg_k, n_seg)
     q_i8, q_scale = quant.quantize_int8(q, q_grouping(plan.qk_quant_gran))
     k_i8, k_scale = quant.quantize_int8(k, k_grouping(plan.qk_quant_gran), k_mean, seg_k)
-    v_mean = v.mean(dim=2, dtype=torch.float32).contiguous() if plan.smooth_v else None
     v_scale = None
     if plan.pv_fp8:
-        v, v_scale = quant.quantize_v_fp8(v, v_mean)
+        v, v_scale = quant.quantize_v_fp8(v, v_mean, v_amax)
     elif v_mean is not None:
         v = (v.float() - v_mean[:, :, None, :]).to(v.dtype)
     return Quantized(q_i8, q_scale, k_i8, k_scale, v, v_scale, v_mean, k_mean)

@@ -98,3 +98,20 @@ def test_cuda_extension_matches_reference():
     ref = sageattn3_blackwell(q, k, v, backend="reference")
     out = sageattn3_blackwell(q, k, v, backend="cuda")
     assert cosine(out, ref) >= 0.999
+
+
+def test_cuda_extension_loads_and_refuses_other_gpus(monkeypatch):
+    """Runs wherever _C is built: the bindings validate their inputs, and on a non-Blackwell GPU the public API
+    refuses backend='cuda' with a clear error before reaching the kernels."""
+    try:
+        from sageattn3 import _C
+    except ImportError:
+        pytest.skip("sageattn3._C not built")
+    x = torch.randn(4, 32, device="cuda", dtype=torch.float16)
+    with pytest.raises(RuntimeError, match="has dtype .*expected"):
+        _C.quantize(x)
+    if _is_blackwell():
+        pytest.skip("this GPU runs the kernels; test_cuda_extension_matches_reference covers it")
+    monkeypatch.setenv(EMULATION_ENV, "1")
+    with pytest.raises(RuntimeError, match="backend='cuda' needs sm_100/sm_120/sm_121"):
+        sageattn3_blackwell(*_inputs(1, 2, 2, 128, 128, 128), backend="cuda")

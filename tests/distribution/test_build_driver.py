@@ -51,6 +51,7 @@ def test_failed_build_is_reported_with_its_log_and_leaves_no_package(tmp_path, c
     assert driver(tmp_path, "--package", "sageattn3", "--channel", empty.as_uri()) == 1
     log = tmp_path / "dist/logs/linux-sage3-pytorch28-cu129-python312.log"
     assert "Failed to resolve dependencies" in log.read_text()
+    assert "cuda-nvcc_linux-64 12.9.*" in log.read_text()  # the engine's own log, not just the exception
     assert "FAILED" in capsys.readouterr().out
     channel = tmp_path / "dist/channel"
     assert list(channel.rglob("*.conda")) == [] and list(channel.glob(".build-*")) == []
@@ -90,3 +91,12 @@ def test_build_command_forwards_channels(tmp_path, monkeypatch, cli):
     else:
         assert json.loads(cmd[-1]) == ["file:///srv/standin", "conda-forge"]
         assert json.loads(cmd[-2])["cuda_compiler_version"] == "12.9"
+
+
+def test_conda_override_cuda_defaults_to_the_variants_cuda(monkeypatch):
+    # conda-forge's CUDA pytorch needs __cuda, which a builder without an NVIDIA driver doesn't have.
+    v = load("sageattn3").select("default", "linux-64")[0]
+    monkeypatch.delenv("CONDA_OVERRIDE_CUDA", raising=False)
+    assert build.build_env(v)["CONDA_OVERRIDE_CUDA"] == "12.9"
+    monkeypatch.setenv("CONDA_OVERRIDE_CUDA", "13.1")
+    assert build.build_env(v)["CONDA_OVERRIDE_CUDA"] == "13.1"

@@ -2,7 +2,7 @@
 import shutil
 import zipfile
 
-from scripts.wheel_check import main, problems
+from scripts.wheel_check import main, modules_to_import, problems
 
 
 def test_exported_wheels_pass_and_install(wheels, tmp_path, capsys):
@@ -50,3 +50,10 @@ def test_tampered_file_fails_the_record_check(wheels, tmp_path):
             data = src.read(item)
             dst.writestr(item, b"FLAVOUR = 'evil'\n" if item.filename == "sageattn3/__init__.py" else data)
     assert problems(tampered)[0].startswith("unreadable wheel:")
+
+
+def test_extension_modules_are_imported_too():
+    names = ["sageattn3/__init__.py", "sageattn3/_C.cpython-311-x86_64-linux-gnu.so", "sageattn3/_probe.so",
+             "sageattn3/sub/_k.abi3.so", "other/_x.cp312-win_amd64.pyd", "sageattn3-1.0.0.dist-info/RECORD"]
+    # A plain .so (a library, like the stub's _probe.so) is no module; extensions outside a package aren't imported.
+    assert modules_to_import(names) == ["sageattn3", "sageattn3._C", "sageattn3.sub._k"]

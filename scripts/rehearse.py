@@ -1,0 +1,239 @@
+"""`python -m scripts.rehearse` (`pixi run rehearse`): run both recipes for real, offline, on this machine.
+
+No conda channel is reachable here, so a recipe that only renders never ran. This:
+
+1. makes the stand-in channel (scripts/standin_channel.py: this machine's CPython, gcc and CUDA
+   toolkit, and PyPI's CUDA build of torch, under conda-forge's names; never published) for one
+   variant of each package, torch 2.11 + CUDA 13.0 + Python 3.11;
+2. runs the build driver against it (`python -m scripts.build --channel file://…`) for each package,
+   with TORCH_CUDA_ARCH_LIST=12.0 and MAX_JOBS set and CONDA_OVERRIDE_CUDA unset (the driver supplies
+   it, as it must on any builder without a GPU driver): rattler-build solves the recipe unchanged,
+   runs its build script (nvcc compiles sageattn3's CUDA kernels) and its package tests; the driver
+   indexes the output channel and exports the wheels;
+3. checks what came out: each package holds only its own modules, its build script saw the caller's
+   TORCH_CUDA_ARCH_LIST and MAX_JOBS, and every CUDA extension holds device code for exactly that arch;
+   rattler installs each package from the output channel into a fresh prefix, where it and its
+   extension modules import; real pip installs each wheel into a fresh venv (torch from the downloaded
+   wheels, no index) and imports it, extension modules included (scripts.wheel_check).
+
+torch's wheels (~2.6 GB) and the PyPI tree installed from them stay under --work between runs; the
+channels, packages and wheels are made fresh. Exits 1 when a step fails, naming it and its log.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import rattler
+import yaml
+from rattler.package_streaming import extract
+from rich.table import Table
+
+from scripts import standin_channel, wheel_check
+from scripts.matrix import console as make_console
+from scripts.variants import ROOT, Variant, VariantError, load
+
+PROFILE = "pytorch211"
+VARIANTS = {"sageattention": "linux-sage2-pytorch211-cu130-python311",
+            "sageattn3": "linux-sage3-pytorch211-cu130-python311"}
+ARCH = "12.0"  # one arch keeps the kernel build short; sageattn3 needs a Blackwell one
+
+
+class RehearsalError(RuntimeError):
+    """A step failed; the message names it and where its log is."""
+
+
+def chosen_variants() -> list[Variant]:
+    found = []
+    for package, name in VARIANTS.items():
+        match = [v for v in load(package).select(PROFILE, "linux-64") if v.name == name]
+        if not match:
+            raise RehearsalError(f"variant {name} is not in {package}'s profile {PROFILE}; update scripts/rehearse.py")
+        found.append(match[0])
+    # One stand-in channel serves both builds: they must agree on everything it provides.
+    if len({(v.torch_version, v.cuda, v.python, tuple(sorted(v.toolchain.items()))) for v in found}) != 1:
+        raise RehearsalError(f"{' and '.join(VARIANTS.values())} differ in torch, CUDA, Python or toolchain")
+    return found
+
+
+def run_driver(v: Variant, channel: Path, dist: Path, env: dict[str, str]) -> tuple[Path, Path]:
+    """The build driver for one variant; returns its .conda and wheel."""
+    cmd = [sys.executable, "-m", "scripts.build", "--package", v.package, "--profile", PROFILE, "--variant", v.name,
+           "--channel", channel.as_uri(), "--output", str(dist / "channel"), "--wheels", str(dist / "wheels"),
+           "--index", str(dist / "index"), "--logs", str(dist / "logs")]
+    if subprocess.run(cmd, env=env, cwd=ROOT, check=False).returncode != 0:
+        raise RehearsalError(f"the build driver failed for {v.name}; log: {dist / 'logs' / v.name}.log")
+    condas = sorted((dist / "channel" / v.platform).glob(f"{v.package}-{v.version}-{v.build_string_prefix}h*.conda"))
+    wheels = sorted((dist / "wheels").glob(f"{v.package}-{v.version}-{v.build_tag}-{v.python_tag}-*.whl"))
+    if len(condas) != 1 or len(wheels) != 1:
+        raise RehearsalError(f"{v.name}: expected one package and one wheel, found {condas} and {wheels}")
+    return condas[0], wheels[0]
+
+
+def site_files(extracted: Path, v: Variant) -> list[str]:
+    """The package's files relative to site-packages."""
+    site = f"lib/python{v.python}/site-packages/"
+    paths = json.loads((extracted / "info" / "paths.json").read_text())["paths"]
+    return [p["_path"][len(site):] for p in paths if p["_path"].startswith(site)]
+
+
+def has_cuda_sources(v: Variant) -> bool:
+    """Whether the recipe's source tree has CUDA kernels of its own (nested packages not counted)."""
+    recipe = ROOT / v.recipe
+    source = (recipe.parent / yaml.safe_load(recipe.read_text())["source"]["path"]).resolve()
+    for folder, dirs, files in os.walk(source):
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d not in ("build", "dist", "output")
+                   and not (Path(folder) / d / "pyproject.toml").exists()]
+        if any(f.endswith(".cu") for f in files):
+            return True
+    return False
+
+
+def check_contents(v: Variant, extracted: Path, jobs: int, cuobjdump: Path) -> str:
+    """Only the package's own modules; the caller's TORCH_CUDA_ARCH_LIST and MAX_JOBS reached the build script;
+    every extension's device code is for exactly ARCH; a package with CUDA sources has some."""
+    files = site_files(extracted, v)
+    dist_info = f"{v.package}-{v.version}.dist-info"
+    foreign = sorted({f.split("/")[0] for f in files} - {v.import_name, dist_info})
+    if foreign:
+        raise RehearsalError(f"{v.name}: the package ships {foreign} besides {v.import_name} and {dist_info}")
+    rendered = yaml.safe_load((extracted / "info" / "recipe" / "rendered_recipe.yaml").read_text())
+    env = rendered["recipe"]["build"]["script"]["env"]
+    if (env.get("TORCH_CUDA_ARCH_LIST"), env.get("MAX_JOBS")) != (ARCH, str(jobs)):
+        raise RehearsalError(f"{v.name}: the build script ran with {env}, "
+                             f"not TORCH_CUDA_ARCH_LIST={ARCH} MAX_JOBS={jobs}")
+    wanted = f"sm_{ARCH.replace('.', '')}"
+    site = extracted / f"lib/python{v.python}/site-packages"
+    found = {}
+    for rel in (f for f in files if f.endswith(".so")):
+        listing = subprocess.run([str(cuobjdump), "--list-elf", str(site / rel)], capture_output=True, text=True,
+                                 check=False)
+        archs = {re.sub(r"[af]$", "", a) for a in re.findall(r"\.(sm_\d+[af]?)\.cubin", listing.stdout)}
+        if archs:
+            found[rel] = archs
+    wrong = {rel: sorted(a) for rel, a in found.items() if a != {wanted}}
+    if wrong:
+        raise RehearsalError(f"{v.name}: device code for {wrong}, expected only {wanted} (TORCH_CUDA_ARCH_LIST={ARCH})")
+    if has_cuda_sources(v) and not found:
+        raise RehearsalError(f"{v.name}: the recipe's sources have CUDA kernels but the package holds no device code")
+    return f"{v.import_name} + {dist_info}; " + (", ".join(f"{rel}: {wanted}" for rel in found) or "no device code")
+
+
+def rattler_install_and_import(v: Variant, conda: Path, extracted: Path, channels: list[Path], prefix: Path) -> str:
+    """rattler solves the package from the output + stand-in channels, installs it into `prefix`, and it imports."""
+    index = json.loads((extracted / "info" / "index.json").read_text())
+    spec = f"{index['name']} =={index['version']} {index['build']}"
+    overrides = rattler.VirtualPackageOverrides.from_env()
+    overrides.cuda = rattler.Override.string(v.cuda)  # no GPU driver here
+    virtual = rattler.VirtualPackage.detect(overrides)
+    records = asyncio.run(rattler.solve([rattler.Channel(c.as_uri()) for c in channels], [spec],
+                                        platforms=[v.platform, "noarch"], virtual_packages=virtual))
+    asyncio.run(rattler.install(records, prefix, show_progress=False))
+    modules = wheel_check.modules_to_import(site_files(extracted, v))
+    proc = subprocess.run([str(prefix / "bin" / "python"), "-c", "; ".join(f"import {m}" for m in modules)],
+                          capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RehearsalError(f"{conda.name} installed by rattler into {prefix} does not import:\n{proc.stderr[-3000:]}")
+    return f"{len(records)} packages; imported {', '.join(modules)}"
+
+
+class Rehearsal:
+    """Runs the steps in order, timing each; the first failure stops it."""
+
+    def __init__(self, console):
+        self.console = console
+        self.table = Table(title="rehearsal")
+        for col in ("step", "time", "result"):
+            self.table.add_column(col)
+        self.start = time.monotonic()
+
+    @contextmanager
+    def step(self, name: str):
+        began = time.monotonic()
+        outcome = {"result": "ok"}
+        self.console.rule(name)
+        try:
+            yield outcome
+        except Exception as exc:
+            self.table.add_row(name, f"{time.monotonic() - began:.0f}s", f"FAILED: {exc}")
+            raise
+        self.table.add_row(name, f"{time.monotonic() - began:.0f}s", outcome["result"])
+
+    def finish(self) -> None:
+        self.table.add_row("total", f"{time.monotonic() - self.start:.0f}s", "")
+        self.console.print(self.table)
+
+
+def rehearse(args: argparse.Namespace, r: Rehearsal) -> None:
+    variants = chosen_variants()
+    base = variants[0]
+    dist = args.work / "dist"
+    shutil.rmtree(dist, ignore_errors=True)
+    with r.step(f"stand-in channel for torch {base.torch_version} + CUDA {base.cuda} + Python {base.python}") as s:
+        channel, tree = standin_channel.make(base, args.work, args.downloads, args.cuda_home)
+        s["result"] = f"{channel} (log: {args.work / 'standin-channel.log'})"
+    # No CONDA_OVERRIDE_CUDA: the driver must supply it for a builder without a GPU driver.
+    env = {**os.environ, "TORCH_CUDA_ARCH_LIST": ARCH, "MAX_JOBS": str(args.jobs)}
+    env.pop("CONDA_OVERRIDE_CUDA", None)
+    built = {}
+    for v in variants:
+        with r.step(f"rattler-build {v.recipe} ({v.name})") as s:
+            built[v] = run_driver(v, channel, dist, env)
+            s["result"] = f"{built[v][0].name}, {built[v][1].name}"
+    cuobjdump = Path(shutil.which("cuobjdump") or tree / "triton" / "backends" / "nvidia" / "bin" / "cuobjdump")
+    if not cuobjdump.exists():
+        raise RehearsalError(f"no cuobjdump on PATH nor at {cuobjdump} (triton's copy) to list the device code")
+    with tempfile.TemporaryDirectory(prefix="sage-rehearse-", dir=args.work) as tmp:
+        for v, (conda, _) in built.items():
+            extracted = Path(tmp) / v.package
+            extract(conda, extracted)
+            with r.step(f"{v.package}: package contents, build script env, CUDA archs") as s:
+                s["result"] = check_contents(v, extracted, args.jobs, cuobjdump)
+            with r.step(f"{v.package}: rattler install into a fresh prefix, import") as s:
+                prefix = Path(tmp) / f"{v.package}-prefix"
+                s["result"] = rattler_install_and_import(v, conda, extracted, [dist / "channel", channel], prefix)
+    for v, (_, wheel) in built.items():
+        with r.step(f"{v.package}: pip install the wheel into a fresh venv, import") as s:
+            if wheel_check.main([str(wheel), "--no-index", "--find-links", str(args.downloads)]) != 0:
+                raise RehearsalError(f"{wheel.name} failed scripts.wheel_check (table above)")
+            s["result"] = wheel.name
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m scripts.rehearse", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--work", type=Path, default=standin_channel.WORK,
+                        help="stand-in channel, PyPI tree, packages and wheels (default: .cache/rehearsal)")
+    parser.add_argument("--downloads", type=Path, help="torch's wheels, kept between runs (default: WORK/wheels)")
+    parser.add_argument("--cuda-home", type=Path, default=standin_channel.CUDA_HOME)
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2, help="MAX_JOBS for the kernel build")
+    args = parser.parse_args(argv)
+    args.work = args.work.resolve()
+    args.downloads = (args.downloads or args.work / "wheels").resolve()
+    console = make_console()
+    r = Rehearsal(console)
+    try:
+        rehearse(args, r)
+    except (RehearsalError, standin_channel.StandInError, VariantError) as exc:
+        r.finish()
+        make_console(stderr=True).print(f"rehearsal failed: {exc}", style="red", markup=False, highlight=False)
+        return 1
+    except BaseException:
+        r.finish()
+        raise
+    r.finish()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
