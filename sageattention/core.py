@@ -34,8 +34,14 @@ SAGEATTN_KWARGS = ("attn_mask", "dropout_p", "smooth_k", "smooth_v", "qk_quant_g
 def _attention(fn_name, q, k, v, *, tensor_layout, is_causal, sm_scale, qk_quant_gran, pv_fp8, pv_accum_dtype,
                accum_choices, smooth_k, smooth_v, return_lse, attn_mask=None, dropout_p=0.0, compiled=False,
                only_archs=None):
-    """compiled: fn_name is a `_cuda` variant, served by the CUDA extension once it is built for the GPU."""
+    """pv_fp8 None: the GPU's default (FP8 P·V where FP8 tensor cores exist), with its accumulation choices
+    and, when pv_accum_dtype is None, their default. compiled: fn_name is a `_cuda` variant, served by the
+    CUDA extension once it is built for the GPU."""
     b, hq, _, nq, nk = inputs.check_dense(q, k, v, tensor_layout)
+    if pv_fp8 is None:
+        pv_fp8 = dispatch.default_pv_fp8(dispatch.capability(q.device))
+        accum_choices = FP8_PV_ACCUM if pv_fp8 else FP16_PV_ACCUM
+        pv_accum_dtype = pv_accum_dtype or ("fp32+fp32" if pv_fp8 else "fp32")
     check_granularity(qk_quant_gran)
     if pv_accum_dtype not in accum_choices:
         raise ValueError(f"{fn_name}: pv_accum_dtype={pv_accum_dtype!r} is not supported; use one of {accum_choices}")
@@ -60,26 +66,25 @@ def sageattn(q, k, v, tensor_layout="HND", is_causal=False, sm_scale=None, retur
     dropout_p=0.0 are accepted like SDPA. Returns out (q's layout and dtype), or (out, lse) with
     lse [B, Hq, Nq] fp32 natural-log logsumexp of the scaled scores."""
     inputs.check_kwargs("sageattn", kwargs, SAGEATTN_KWARGS)
-    inputs.check_qkv(q, k, v, 4)
-    backend = kwargs.pop("quantization_backend", "triton")
-    if backend not in QUANT_BACKENDS:
-        raise ValueError(f"quantization_backend={backend!r} is not supported; use one of {QUANT_BACKENDS}")
-    pv_fp8 = dispatch.default_pv_fp8(dispatch.capability(q.device))
+    _check_quant_backend(kwargs.get("quantization_backend", "triton"))
     return _attention(
         "sageattn", q, k, v, tensor_layout=tensor_layout, is_causal=is_causal, sm_scale=sm_scale,
-        qk_quant_gran=kwargs.get("qk_quant_gran", SAGEATTN_GRAN), pv_fp8=pv_fp8,
-        pv_accum_dtype=kwargs.get("pv_accum_dtype", "fp32+fp32" if pv_fp8 else "fp32"),
-        accum_choices=FP8_PV_ACCUM if pv_fp8 else FP16_PV_ACCUM, smooth_k=kwargs.get("smooth_k", True),
+        qk_quant_gran=kwargs.get("qk_quant_gran", SAGEATTN_GRAN), pv_fp8=None,
+        pv_accum_dtype=kwargs.get("pv_accum_dtype"), accum_choices=None, smooth_k=kwargs.get("smooth_k", True),
         smooth_v=kwargs.get("smooth_v", False), return_lse=return_lse, attn_mask=kwargs.get("attn_mask"),
         dropout_p=kwargs.get("dropout_p", 0.0),
     )
 
 
+def _check_quant_backend(backend) -> None:
+    if backend not in QUANT_BACKENDS:
+        raise ValueError(f"quantization_backend={backend!r} is not supported; use one of {QUANT_BACKENDS}")
+
+
 def sageattn_qk_int8_pv_fp16_triton(q, k, v, tensor_layout="HND", quantization_backend="triton", is_causal=False,
                                     attn_mask=None, sm_scale=None, smooth_k=True, return_lse=False):
     """INT8 Q·K (per-block scales), 16-bit P·V with fp32 accumulation, on Triton (any supported GPU)."""
-    if quantization_backend not in QUANT_BACKENDS:
-        raise ValueError(f"quantization_backend={quantization_backend!r} is not supported; use one of {QUANT_BACKENDS}")
+    _check_quant_backend(quantization_backend)
     return _attention(
         "sageattn_qk_int8_pv_fp16_triton", q, k, v, tensor_layout=tensor_layout, is_causal=is_causal,
         sm_scale=sm_scale, qk_quant_gran="per_block", pv_fp8=False, pv_accum_dtype="fp32",
@@ -87,39 +92,38 @@ def sageattn_qk_int8_pv_fp16_triton(q, k, v, tensor_layout="HND", quantization_b
     )
 
 
+def _cuda_variant(fn_name, pv_fp8, accum_choices, q, k, v, tensor_layout, is_causal, qk_quant_gran, sm_scale,
+                  pv_accum_dtype, smooth_k, smooth_v, return_lse, only_archs=None):
+    """The `_cuda` variants: CUDA kernels when built for the GPU, else the same algorithm on Triton."""
+    return _attention(
+        fn_name, q, k, v, tensor_layout=tensor_layout, is_causal=is_causal, sm_scale=sm_scale,
+        qk_quant_gran=qk_quant_gran, pv_fp8=pv_fp8, pv_accum_dtype=pv_accum_dtype, accum_choices=accum_choices,
+        smooth_k=smooth_k, smooth_v=smooth_v, return_lse=return_lse, compiled=True, only_archs=only_archs,
+    )
+
+
 def sageattn_qk_int8_pv_fp16_cuda(q, k, v, tensor_layout="HND", is_causal=False, qk_quant_gran="per_thread",
                                   sm_scale=None, pv_accum_dtype="fp32", smooth_k=True, smooth_v=False,
                                   return_lse=False):
-    """INT8 Q·K, 16-bit P·V (sm80+). Runs on the compiled CUDA kernels when built for the GPU, else on Triton."""
-    return _attention(
-        "sageattn_qk_int8_pv_fp16_cuda", q, k, v, tensor_layout=tensor_layout, is_causal=is_causal,
-        sm_scale=sm_scale, qk_quant_gran=qk_quant_gran, pv_fp8=False, pv_accum_dtype=pv_accum_dtype,
-        accum_choices=FP16_PV_ACCUM, smooth_k=smooth_k, smooth_v=smooth_v, return_lse=return_lse,
-        compiled=True,
-    )
+    """INT8 Q·K, 16-bit P·V (sm80+)."""
+    return _cuda_variant("sageattn_qk_int8_pv_fp16_cuda", False, FP16_PV_ACCUM, q, k, v, tensor_layout, is_causal,
+                         qk_quant_gran, sm_scale, pv_accum_dtype, smooth_k, smooth_v, return_lse)
 
 
 def sageattn_qk_int8_pv_fp8_cuda(q, k, v, tensor_layout="HND", is_causal=False, qk_quant_gran="per_thread",
                                  sm_scale=None, pv_accum_dtype="fp32+fp16", smooth_k=True, smooth_v=False,
                                  return_lse=False):
-    """INT8 Q·K, FP8 P·V with per-channel V scales (sm89+). CUDA kernels when built for the GPU, else Triton."""
-    return _attention(
-        "sageattn_qk_int8_pv_fp8_cuda", q, k, v, tensor_layout=tensor_layout, is_causal=is_causal,
-        sm_scale=sm_scale, qk_quant_gran=qk_quant_gran, pv_fp8=True, pv_accum_dtype=pv_accum_dtype,
-        accum_choices=FP8_PV_ACCUM, smooth_k=smooth_k, smooth_v=smooth_v, return_lse=return_lse,
-        compiled=True,
-    )
+    """INT8 Q·K, FP8 P·V with per-channel V scales (sm89+)."""
+    return _cuda_variant("sageattn_qk_int8_pv_fp8_cuda", True, FP8_PV_ACCUM, q, k, v, tensor_layout, is_causal,
+                         qk_quant_gran, sm_scale, pv_accum_dtype, smooth_k, smooth_v, return_lse)
 
 
 def sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v, tensor_layout="HND", is_causal=False, qk_quant_gran="per_thread",
                                       sm_scale=None, pv_accum_dtype="fp32+fp32", smooth_k=True, return_lse=False):
-    """The Hopper (sm90) variant of INT8 Q·K + FP8 P·V. CUDA kernels when built, else Triton."""
-    return _attention(
-        "sageattn_qk_int8_pv_fp8_cuda_sm90", q, k, v, tensor_layout=tensor_layout, is_causal=is_causal,
-        sm_scale=sm_scale, qk_quant_gran=qk_quant_gran, pv_fp8=True, pv_accum_dtype=pv_accum_dtype,
-        accum_choices=SM90_PV_ACCUM, smooth_k=smooth_k, smooth_v=False, return_lse=return_lse,
-        compiled=True, only_archs={(9, 0)},
-    )
+    """The Hopper (sm90) variant of INT8 Q·K + FP8 P·V."""
+    return _cuda_variant("sageattn_qk_int8_pv_fp8_cuda_sm90", True, SM90_PV_ACCUM, q, k, v, tensor_layout,
+                         is_causal, qk_quant_gran, sm_scale, pv_accum_dtype, smooth_k, False, return_lse,
+                         only_archs={(9, 0)})
 
 
 def _check_cu_seqlens(name: str, cu, q) -> torch.Tensor:

@@ -20,6 +20,7 @@ V_WARPS = 4
 STATS_WARPS = 8
 STATS_CHUNK = 512  # tokens per program of the statistics pass, read STATS_ROWS at a time
 STATS_ROWS = 32
+V_BLOCK = 128  # tokens per program of the FP8 V pass
 
 @triton.jit
 def _load_tile(X, stride_n, offs_n, offs_d, N, D: tl.constexpr):
@@ -165,7 +166,7 @@ def token_stats(k: torch.Tensor | None, v: torch.Tensor | None, v_mean: torch.Te
     vs = v.stride()[:3] if v is not None else (0, 0, 0)
     flags = dict(DO_K=k is not None, DO_V=v is not None)
     _kv_stats_kernel[(nblk, h, b)](
-        x if k is None else k, *ks, x if v is None else v, *vs, parts if v_mean is None else v_mean, parts[0], parts[1],
+        x, *ks, v if v is not None else x, *vs, v_mean if v_mean is not None else parts, parts[0], parts[1],
         n, h, D=d, D_PAD=d_pad, CHUNK=STATS_CHUNK, ROWS=STATS_ROWS, HAS_VMEAN=v_mean is not None,
         num_warps=STATS_WARPS, **flags,
     )
@@ -196,7 +197,7 @@ def _v_fp8_kernel(
     tl.store(o_ptrs, y, mask=(offs_n[:, None] < N) & (offs_d[None, :] < D))
 
 
-def quantize_v_fp8(v: torch.Tensor, mean: torch.Tensor | None = None, amax: torch.Tensor | None = None, block: int = 128):
+def quantize_v_fp8(v: torch.Tensor, mean: torch.Tensor | None = None, amax: torch.Tensor | None = None):
     """v [B, H, N, D] -> (fp8 e4m3 V^T [B, H, D, N_PAD] with N_PAD a multiple of 16, fp32 scales [B, H, D]).
 
     mean: fp32 [B, H, D] (V smoothing) or None. amax: absmax over tokens of v - mean [B, H, D] from
@@ -207,9 +208,9 @@ def quantize_v_fp8(v: torch.Tensor, mean: torch.Tensor | None = None, amax: torc
     scale = torch.empty((b, h, d), dtype=torch.float32, device=v.device)
     n_pad = triton.cdiv(n, 16) * 16
     out = torch.empty((b, h, d, n_pad), dtype=torch.float8_e4m3fn, device=v.device)
-    _v_fp8_kernel[(triton.cdiv(n, block), h, b)](
+    _v_fp8_kernel[(triton.cdiv(n, V_BLOCK), h, b)](
         v, v.stride(0), v.stride(1), v.stride(2), mean if mean is not None else scale, amax, scale, out, n, n_pad, h,
-        D=d, D_PAD=max(16, triton.next_power_of_2(d)), BLOCK=block, HAS_MEAN=mean is not None,
+        D=d, D_PAD=max(16, triton.next_power_of_2(d)), BLOCK=V_BLOCK, HAS_MEAN=mean is not None,
         EXACT_ROUND=INTERPRET, num_warps=V_WARPS,
     )
     return out, scale
