@@ -137,8 +137,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
                     o.wheel = export(o.package, args.wheels)
                 except ExportError as exc:
                     o.ok, o.note = False, f"wheel export: {exc}"
-        wheels = [o.wheel for o in outcomes if o.wheel]
-        if wheels:
+        if any(o.wheel for o in outcomes):
             write_pages(sorted(args.wheels.glob("*.whl")), args.index)
     console.print(summary(outcomes))
     if os.environ.get("GITHUB_STEP_SUMMARY"):

@@ -63,8 +63,8 @@ def render() -> str:
             lines += ["Not built (no conda-forge pytorch to build against):", ""]
             lines += [f"- {u.platform}: torch {u.torch} + CUDA {u.cuda} (Python {', '.join(u.python)}): {u.why}"
                       for u in m.unavailable] + [""]
-        lines += ["### Profiles", "", "`pixi run build-sage{} PROFILE`, `pixi run matrix --package {} --profile PROFILE`"
-                  .format("2" if package == "sageattention" else "3", package), ""]
+        lines += ["### Profiles", "",
+                  f"`pixi run build-{v0.short} PROFILE`, `pixi run matrix --package {package} --profile PROFILE`", ""]
         lines += _table(["profile", "what", "linux-64", "win-64"],
                         [[f"`{name}`", spec["description"], str(len(m.select(name, "linux-64"))),
                           str(len(m.select(name, "win-64")))] for name, spec in m.profiles.items()])

@@ -18,12 +18,11 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from scripts.variants import PACKAGES, PLATFORMS, VARIANTS_DIR, Variant, VariantError, load, read
+from scripts.variants import PACKAGES, PLATFORMS, Variant, VariantError, load
 from scripts.wheel_names import is_wheel_named, wheel_flavour
 
 DEFAULT_CHANNEL = "sageattention"  # prefix.dev channel when the PREFIX_CHANNEL variable is unset
@@ -111,11 +110,6 @@ def write_github_output(values: dict[str, str]) -> None:
         fh.writelines(f"{k}={v}\n" for k, v in values.items())
 
 
-@cache
-def min_cuda(package: str) -> str | None:
-    return read(VARIANTS_DIR / f"{package}.yaml", "package").get("min_cuda")
-
-
 def variant_named(package: str, name: str) -> Variant:
     for v in load(package).variants:
         if v.name == name:
@@ -139,7 +133,7 @@ def build_problems(v: Variant, where: Path) -> list[str]:
     if len(condas) != 1:
         found.append(f"expected one conda package {v.package}-{v.version}-{v.build_string_prefix}h<hash>_<n>.conda, "
                      f"found {len(condas)}")
-    floor = min_cuda(v.package)
+    floor = load(v.package).min_cuda
     for wheel in wheels:
         _, cuda = wheel_flavour(wheel.name)
         if floor and Version(cuda) < Version(floor):

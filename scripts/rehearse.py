@@ -39,7 +39,7 @@ import yaml
 from rattler.package_streaming import extract
 from rich.table import Table
 
-from scripts import standin_channel, wheel_check
+from scripts import ci, standin_channel, wheel_check
 from scripts.matrix import console as make_console
 from scripts.variants import ROOT, Variant, VariantError, load
 
@@ -73,8 +73,7 @@ def run_driver(v: Variant, channel: Path, dist: Path, env: dict[str, str]) -> tu
            "--index", str(dist / "index"), "--logs", str(dist / "logs")]
     if subprocess.run(cmd, env=env, cwd=ROOT, check=False).returncode != 0:
         raise RehearsalError(f"the build driver failed for {v.name}; log: {dist / 'logs' / v.name}.log")
-    condas = sorted((dist / "channel" / v.platform).glob(f"{v.package}-{v.version}-{v.build_string_prefix}h*.conda"))
-    wheels = sorted((dist / "wheels").glob(f"{v.package}-{v.version}-{v.build_tag}-{v.python_tag}-*.whl"))
+    wheels, condas = ci.outputs(v, dist)
     if len(condas) != 1 or len(wheels) != 1:
         raise RehearsalError(f"{v.name}: expected one package and one wheel, found {condas} and {wheels}")
     return condas[0], wheels[0]

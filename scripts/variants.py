@@ -76,16 +76,11 @@ class Variant:
 
     @property
     def build_string_prefix(self) -> str:
-        return f"cu{_digits(self.cuda)}torch{_digits(self.torch)}py{_digits(self.python)}"
-
-    @property
-    def python_tag(self) -> str:
-        return f"cp{_digits(self.python)}"
+        return self.flavour.build_string_prefix
 
     @property
     def wheel(self) -> str:
-        tag = self.python_tag
-        return f"{self.package}-{self.version}-{self.build_tag}-{tag}-{tag}-{self.wheel_platform}.whl"
+        return self.flavour.wheel_name(self.package, self.version, self.wheel_platform)
 
     @property
     def index_page(self) -> str:
@@ -144,6 +139,8 @@ class Matrix:
     variants: list[Variant]
     unavailable: list[Unavailable]
     profiles: dict[str, dict]
+    min_cuda: str | None = None  # the package refuses older CUDA (sageattn3: 12.8)
+    wheel_requires: dict[str, list[str]] = field(default_factory=dict)  # platform -> wheel-only Requires-Dist
 
     def select(self, profile: str, platform: str | None = None) -> list[Variant]:
         if profile not in self.profiles:
@@ -249,7 +246,7 @@ def load(package: str, root: Path = VARIANTS_DIR) -> Matrix:
                 variants.extend(made)
     _check_unique(package, variants)
     profiles = {**spec["profiles"], **current["profiles"]}
-    matrix = Matrix(package, variants, unavailable, profiles)
+    matrix = Matrix(package, variants, unavailable, profiles, spec.get("min_cuda"), spec.get("wheel_requires", {}))
     for name in profiles:
         if not matrix.select(name):
             raise VariantError(f"{package}: profile {name!r} selects no variant; check its select entries")

@@ -36,9 +36,8 @@ def problems(wheel: Path) -> list[str]:
     found = []
     try:
         with WheelFile(wheel) as whl:
-            dist_info = f"{whl.parsed_filename['namever']}.dist-info"
-            meta = Parser().parsestr(whl.read(f"{dist_info}/METADATA").decode())
-            info = Parser().parsestr(whl.read(f"{dist_info}/WHEEL").decode())
+            meta = Parser().parsestr(whl.read(f"{whl.dist_info_path}/METADATA").decode())
+            info = Parser().parsestr(whl.read(f"{whl.dist_info_path}/WHEEL").decode())
             for item in whl.infolist():  # reading verifies each file against RECORD
                 whl.read(item)
     except Exception as exc:  # noqa: BLE001 - any unreadable or inconsistent archive is a finding

@@ -13,14 +13,14 @@ import subprocess
 import sys
 import tempfile
 from email.message import Message
+from functools import cache
 from pathlib import Path, PurePosixPath
 
-from packaging.utils import canonicalize_name
 from rattler import MatchSpec, PathsJson
 from rattler.package_streaming import extract
 from wheel.wheelfile import WheelFile
 
-from scripts.variants import PACKAGES, VARIANTS_DIR, read
+from scripts.variants import PACKAGES, VARIANTS_DIR, load, read
 from scripts.wheel_names import Flavour, from_build_string
 
 # Never folded into a manylinux check: torch's wheels and the CUDA runtime provide them.
@@ -33,9 +33,14 @@ class ExportError(RuntimeError):
     """The package can't be a relocatable wheel (prefix placeholders, files outside site-packages…)."""
 
 
+@cache
+def _pypi_names() -> dict:
+    return read(VARIANTS_DIR / "pypi.yaml", "pypi")
+
+
 def requirements(depends: list[str], flavour: Flavour, extra: list[str]) -> list[str]:
     """Requires-Dist lines for conda `depends`; torch is pinned to the build's minor."""
-    mapping = read(VARIANTS_DIR / "pypi.yaml", "pypi")
+    mapping = _pypi_names()
     out = [f"torch=={flavour.torch}.*"]
     for dep in depends:
         spec = MatchSpec(dep)
@@ -64,7 +69,7 @@ def _wheel_requires(package: str, platform: str) -> list[str]:
     """Wheel-only dependencies the package's variant file names (e.g. triton-windows)."""
     if package not in PACKAGES:
         return []
-    return list(read(VARIANTS_DIR / f"{package}.yaml", "package").get("wheel_requires", {}).get(platform, []))
+    return list(load(package).wheel_requires.get(platform, []))
 
 
 def metadata(index: dict, about: dict, flavour: Flavour, version: str, requires: list[str]) -> Message:
@@ -172,19 +177,17 @@ def export(conda: Path, out_dir: Path, *, local_version: bool = False, manylinux
 
 def _write(out_dir: Path, index: dict, about: dict, flavour: Flavour, version: str, files: dict[str, Path],
            plat: str, requires: list[str] = ()) -> Path:
-    py = "cp" + flavour.python.replace(".", "")
-    dist = canonicalize_name(index["name"]).replace("-", "_")
-    name = f"{dist}-{version}-{flavour.build_tag}-{py}-{py}-{plat}.whl"
-    dist_info = f"{dist}-{version}.dist-info"
+    name = flavour.wheel_name(index["name"], version, plat)
     # Written in a scratch folder beside the target and renamed, so a failed export leaves no half-written wheel.
     with tempfile.TemporaryDirectory(dir=out_dir, prefix=".partial-") as scratch:
         partial = Path(scratch) / name
         with WheelFile(partial, "w") as whl:
             for inner in sorted(files):
                 whl.write(files[inner], inner)
-            whl.writestr(f"{dist_info}/METADATA",
+            whl.writestr(f"{whl.dist_info_path}/METADATA",
                          metadata(index, about, flavour, version, list(requires)).as_string())
-            whl.writestr(f"{dist_info}/WHEEL", wheel_info(flavour.build_tag, f"{py}-{py}-{plat}").as_string())
+            py = flavour.python_tag
+            whl.writestr(f"{whl.dist_info_path}/WHEEL", wheel_info(flavour.build_tag, f"{py}-{py}-{plat}").as_string())
         return partial.replace(out_dir / name)
 
 

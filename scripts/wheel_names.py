@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from packaging.utils import parse_wheel_filename
+from packaging.utils import canonicalize_name, parse_wheel_filename
 
 _BUILD_STRING = re.compile(r"^cu(?P<cuda>\d{3})torch(?P<torch>\d{2,3})py(?P<py>\d{2,3})h[0-9a-f]+_\d+$")
 _BUILD_TAG = re.compile(r"^(?P<torch>\d{2,3})0\.(?P<cuda>\d{3})$")
@@ -21,6 +21,20 @@ class Flavour:
     @property
     def build_tag(self) -> str:
         return f"{self.torch.replace('.', '')}0.{self.cuda.replace('.', '')}"
+
+    @property
+    def python_tag(self) -> str:
+        return f"cp{self.python.replace('.', '')}"
+
+    @property
+    def build_string_prefix(self) -> str:
+        """The conda build string up to its hash, e.g. cu129torch28py312 (from_build_string reads it back)."""
+        return f"cu{self.cuda.replace('.', '')}torch{self.torch.replace('.', '')}py{self.python.replace('.', '')}"
+
+    def wheel_name(self, name: str, version: str, platform: str) -> str:
+        """PEP 427 filename of this flavour's wheel, e.g. sageattn3-1.0.0-280.129-cp312-cp312-linux_x86_64.whl."""
+        dist = canonicalize_name(name).replace("-", "_")
+        return f"{dist}-{version}-{self.build_tag}-{self.python_tag}-{self.python_tag}-{platform}.whl"
 
     @property
     def index_page(self) -> str:

@@ -1,19 +1,14 @@
-"""Shared fixtures: a stand-in conda channel with our builds, and the wheels exported from it."""
+"""Shared fixtures: a stand-in conda channel with our builds, the wheels exported from it, stand-in torch wheels.
+
+scripts/ and tests.* are importable through tests/conftest.py, which puts the repository root on sys.path.
+"""
 import asyncio
-import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-# After the path fix: these import scripts/.
 from rattler.index import index_fs
 
 from scripts.wheel_export import export
-from tests.distribution.helpers import PY, conda_package, stub_conda, variant_for_this_python
+from tests.distribution.helpers import PY, conda_package, stub_conda, stub_wheel, variant_for_this_python
 
 
 @pytest.fixture(scope="session")
@@ -37,9 +32,18 @@ def channel(tmp_path_factory):
     return channel, packages
 
 
-
 @pytest.fixture(scope="session")
 def wheels(channel, tmp_path_factory):
     """One wheel per build in the channel (270.129, 280.129, 2100.130), all in one folder."""
     out = tmp_path_factory.mktemp("wheels")
     return {key: export(path, out) for key, (_, path) in channel[1].items()}
+
+
+@pytest.fixture(scope="session")
+def stubs(tmp_path_factory):
+    """Stand-in torch and triton wheels for pip: both torch minors are on offer, so any torch upgrade would be visible."""
+    out = tmp_path_factory.mktemp("stubs")
+    stub_wheel(out, "torch", "2.7.0")
+    stub_wheel(out, "torch", "2.8.0")
+    stub_wheel(out, "triton", "3.4.0")
+    return out

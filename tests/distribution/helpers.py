@@ -13,6 +13,7 @@ from rattler_build import assemble_package
 from wheel.wheelfile import WheelFile
 
 from scripts.render import render
+from scripts.standin_channel import _pin
 from scripts.variants import Variant, load
 
 PY = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -42,11 +43,8 @@ def conda_package(variant: Variant, channel: Path, marker: str, rpath: str = "/o
     subprocess.run(["cc", "-shared", "-fPIC", "-o", str(site / "_probe.so"), str(src),
                     f"-Wl,-rpath,{rpath}:$ORIGIN/../../.."], check=True)
     src.unlink()
-    major = int(variant.cuda.split(".")[0])
-    torch_major, torch_minor = variant.torch.split(".")
-    exported = [f"pytorch >={variant.torch},<{torch_major}.{int(torch_minor) + 1}.0a0",
-                f"cuda-version >={variant.cuda},<{major + 1}.0a0",
-                f"python >={variant.python},<{variant.python.split('.')[0]}.{int(variant.python.split('.')[1]) + 1}.0a0"]
+    exported = [f"pytorch {_pin(variant.torch, 2)}", f"cuda-version {_pin(variant.cuda)}",
+                f"python {_pin(variant.python, 2)}"]
     out = assemble_package(name=variant.package, version=variant.version, target_platform="linux-64",
                            build_string=rendered["build"]["string"], output_dir=channel / "linux-64",
                            files_dir=staged, depends=rendered["requirements"]["run"] + exported,

@@ -9,7 +9,7 @@ from packaging.utils import parse_wheel_filename
 
 from scripts.wheel_export import ExportError, export, site_packages_files
 from scripts.wheel_names import Flavour
-from tests.distribution.helpers import PY, fresh_venv, pip, run_py, stub_wheel
+from tests.distribution.helpers import PY, fresh_venv, pip, run_py
 
 VIRTUAL = ["__unix=0=0", "__linux=6.1=0", "__glibc=2.36=0"]
 
@@ -46,7 +46,7 @@ def test_cuda_13_build_needs_a_cuda_13_driver(channel):
     assert picked(solve(channel[0], ["sageattn3", "pytorch 2.10.*"], cuda="13.0")).startswith("cu130torch210")
 
 
-def test_install_export_and_pip_install(channel, tmp_path):
+def test_install_export_and_pip_install(channel, stubs, tmp_path):
     records = solve(channel[0], ["sageattn3", "pytorch 2.8.*"], cuda="12.9")
     prefix = tmp_path / "prefix"
     asyncio.run(rattler.install(records, prefix, show_progress=False))
@@ -71,9 +71,6 @@ def test_install_export_and_pip_install(channel, tmp_path):
     assert "sageattn3/_probe.so,sha256=" in record
     assert b"/opt/conda-bld" not in so and b"$ORIGIN/../torch/lib" in so
 
-    stubs = tmp_path / "stubs"
-    stub_wheel(stubs, "torch", "2.8.0")
-    stub_wheel(stubs, "triton", "3.4.0")
     python = fresh_venv(tmp_path / "venv")
     proc = pip(python, "install", "--no-index", "-f", str(stubs), str(wheel))
     assert proc.returncode == 0, proc.stderr

@@ -2,19 +2,9 @@
 import pytest
 
 from scripts.index_pages import write_pages
-from tests.distribution.helpers import fresh_venv, pip, run_py, stub_wheel
+from tests.distribution.helpers import fresh_venv, pip, run_py
 
 FLAVOUR = "import sageattn3, torch; print(sageattn3.FLAVOUR, torch.__version__)"
-
-
-@pytest.fixture(scope="module")
-def stubs(tmp_path_factory):
-    """Stand-in torch wheels: both minors are on offer, so any torch upgrade would be visible."""
-    out = tmp_path_factory.mktemp("stubs")
-    stub_wheel(out, "torch", "2.7.0")
-    stub_wheel(out, "torch", "2.8.0")
-    stub_wheel(out, "triton", "3.4.0")
-    return out
 
 
 def venv_with_torch(where, stubs, torch):

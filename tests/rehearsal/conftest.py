@@ -1,19 +1,16 @@
-"""A stand-in channel made from a miniature PyPI tree and a fake CUDA toolkit (this machine's gcc and ninja)."""
+"""A stand-in channel made from a miniature PyPI tree and a fake CUDA toolkit (this machine's gcc and ninja).
+
+scripts/ and tests.* are importable through tests/conftest.py, which puts the repository root on sys.path.
+"""
 from __future__ import annotations
 
 import asyncio
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 import rattler
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-# After the path fix: these import scripts/.
 from scripts import standin_channel
 from scripts.rehearse import chosen_variants
 
