@@ -39,9 +39,11 @@ def cuda_build_args() -> dict:
     nvcc = os.path.join(CUDA_HOME, "bin", "nvcc")
     version_text = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True).stdout
     build_rules.check_cuda_version(build_rules.parse_nvcc_version(version_text))
-    # Explicit -gencode flags also stop torch from adding its own (non-"a") targets.
-    nvcc_flags = ["-O3", "-std=c++17", *build_rules.gencode_flags(os.environ.get("TORCH_CUDA_ARCH_LIST"))]
-    cxx_flags = ["/O2", "/std:c++17"] if sys.platform == "win32" else ["-O3", "-std=c++17"]
+    # Explicit -gencode flags also stop torch from adding its own (non-"a") targets. No -std flag: torch adds
+    # the standard its own headers need (C++17 in older releases, C++20 in newer ones, whose headers
+    # no longer build as C++17 everywhere) only when none is given.
+    nvcc_flags = ["-O3", *build_rules.gencode_flags(os.environ.get("TORCH_CUDA_ARCH_LIST"))]
+    cxx_flags = ["/O2"] if sys.platform == "win32" else ["-O3"]
     extension = CUDAExtension("sageattn3._C", build_rules.SOURCES,
                               extra_compile_args={"cxx": cxx_flags, "nvcc": nvcc_flags})
     return {"ext_modules": [extension], "cmdclass": {"build_ext": BuildExtension}}

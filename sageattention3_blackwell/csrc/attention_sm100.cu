@@ -18,8 +18,6 @@ namespace {
 
 constexpr int kRows = 128;          // M of every MMA, = TMEM lanes = threads
 constexpr int kTileBytes = 32;      // one K=64 slice of an e2m1 row
-constexpr int kTmemCols = 512;      // S: 64 columns, PV: up to 128, scales: a few
-constexpr int kColS = 0, kColPV = 64, kColScales = 256;
 
 #if defined(__CUDA_ARCH_FEAT_SM100_ALL)
 #define SAGE3_SM100_MMA 1
@@ -31,6 +29,11 @@ __host__ __device__ constexpr uint32_t make_idesc(int m, int n) {
   return (1u << 7) | (1u << 10) | (uint32_t(n >> 3) << 17) | (uint32_t(m >> 4) << 24);
 }
 static_assert(make_idesc(128, 64) == 0x08100480u, "matches the descriptor Triton 3.6 emits for M=128, N=64");
+
+// TMEM layout and the tcgen05 helpers, used only by the sm_100a kernel body (other targets compile a trap).
+#ifdef SAGE3_SM100_MMA
+constexpr int kTmemCols = 512;      // S: 64 columns, PV: up to 128, scales: a few
+constexpr int kColS = 0, kColPV = 64, kColScales = 256;
 
 // Shared-memory matrix descriptor, no swizzle, K-major: 8-row x 16-byte core matrices; LBO is the
 // step between the two core matrices of a 32-byte row slice, SBO the step between 8-row groups.
@@ -50,7 +53,6 @@ __device__ __forceinline__ uint32_t tmem_addr(uint32_t base, int lane, int col) 
   return base + (uint32_t(lane) << 16) + uint32_t(col);
 }
 
-#ifdef SAGE3_SM100_MMA
 __device__ __forceinline__ void mma(uint32_t d, uint64_t a, uint64_t b, uint32_t idesc, uint32_t sfa,
                                     uint32_t sfb, bool accumulate) {
   asm volatile(
@@ -124,7 +126,7 @@ __global__ void __launch_bounds__(kRows, 1) attention_kernel(const AttentionPara
   Smem<D>& sm = *reinterpret_cast<Smem<D>*>(smem_raw);
   const int r = threadIdx.x, warp = r >> 5;
   const int bh = blockIdx.y;
-  const int bkv = (bh / p.heads) * (p.heads / p.kv_group) + (bh % p.heads) / p.kv_group;
+  const int bkv = kv_head(p, bh);
   const int row = blockIdx.x * kRows + r;
   const int64_t q_row = int64_t(bh) * p.n_q_pad + row;
 
@@ -154,8 +156,7 @@ __global__ void __launch_bounds__(kRows, 1) attention_kernel(const AttentionPara
   float m = -INFINITY, l = 0.0f, acc[D];
 #pragma unroll
   for (int i = 0; i < D; ++i) acc[i] = 0.0f;
-  const float* bias = p.q_bias ? p.q_bias + (int64_t(bh) * (p.n_q_pad / kQBlock) + row / kQBlock) * p.n_k_pad
-                               : nullptr;
+  const float* bias = bias_row(p, bh, row);
   const int end = p.causal ? min(p.n_k_pad, int(blockIdx.x + 1) * kRows) : p.n_k_pad;
   uint32_t phase = 0;
   for (int start = 0; start < end; start += kKvTile) {
@@ -193,11 +194,8 @@ __global__ void __launch_bounds__(kRows, 1) attention_kernel(const AttentionPara
     tmem_load32(lane_base + kColS + 32, *reinterpret_cast<float(*)[32]>(sv + 32));
 #pragma unroll
     for (int j = 0; j < kKvTile; ++j) {
-      const int col = start + j;
-      float x = (sv[j] + (bias ? bias[col] : 0.0f)) * p.scale_log2;
-      if (col >= p.n_k || (p.causal && col > row)) x = -INFINITY;
-      sv[j] = x;
-      tile_max = fmaxf(tile_max, x);
+      sv[j] = masked_score(p, sv[j], bias, row, start + j);
+      tile_max = fmaxf(tile_max, sv[j]);
     }
     const float m_new = fmaxf(m, tile_max), alpha = exp2f(m - m_new);
     float row_sum = 0.0f, p_max = 0.0f;
@@ -209,7 +207,7 @@ __global__ void __launch_bounds__(kRows, 1) attention_kernel(const AttentionPara
     }
     m = m_new;
     l = l * alpha + row_sum;
-    const float s1 = p_max > 0.0f ? p_max / kPRowMax : 1.0f;
+    const float s1 = p_row_scale(p_max);
     uint32_t p_scales = 0;
 #pragma unroll
     for (int grp = 0; grp < kKvTile / kGroup; ++grp) {
@@ -252,7 +250,7 @@ __global__ void __launch_bounds__(kRows, 1) attention_kernel(const AttentionPara
   float* out = p.out + q_row * D;
 #pragma unroll
   for (int i = 0; i < D; i += 4) *reinterpret_cast<float4*>(out + i) = make_float4(acc[i] / l, acc[i + 1] / l, acc[i + 2] / l, acc[i + 3] / l);
-  p.lse[q_row] = (m + log2f(l)) * 0.6931471805599453f;
+  p.lse[q_row] = lse_natural(m, l);
 
   asm volatile("tcgen05.fence::before_thread_sync;");
   __syncthreads();
@@ -264,11 +262,12 @@ __global__ void __launch_bounds__(kRows, 1) attention_kernel(const AttentionPara
 #endif
 }
 
+// Under the 48 KiB a launch may ask for without opting in (cudaFuncAttributeMaxDynamicSharedMemorySize).
+static_assert(sizeof(Smem<128>) <= 48 * 1024, "a larger tile needs cudaFuncSetAttribute before the launch");
+
 template <int D>
 void launch(const AttentionParams& p, cudaStream_t stream) {
-  const int smem = int(sizeof(Smem<D>));
-  cudaFuncSetAttribute(attention_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  attention_kernel<D><<<dim3(p.n_q_pad / kRows, p.batch * p.heads), kRows, smem, stream>>>(p);
+  attention_kernel<D><<<dim3(p.n_q_pad / kRows, p.batch * p.heads), kRows, sizeof(Smem<D>), stream>>>(p);
 }
 
 }  // namespace

@@ -57,7 +57,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(const AttentionP
   constexpr int kNTiles = D / 8;   // n8 tiles of the output
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int bh = blockIdx.y;
-  const int bkv = (bh / p.heads) * (p.heads / p.kv_group) + (bh % p.heads) / p.kv_group;
+  const int bkv = kv_head(p, bh);
   const int row0 = blockIdx.x * (kWarps * kRowsPerWarp) + (threadIdx.x >> 5) * kRowsPerWarp;
   const int rows[2] = {row0 + g, row0 + g + 8};
 
@@ -75,8 +75,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(const AttentionP
 
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   float acc[kNTiles][4] = {};
-  const float* bias = p.q_bias ? p.q_bias + (int64_t(bh) * (p.n_q_pad / kQBlock) + row0 / kQBlock) * p.n_k_pad
-                               : nullptr;
+  const float* bias = bias_row(p, bh, row0);  // rows row0 .. row0 + 15 share one Q block
   const int end = p.causal ? min(p.n_k_pad, row0 + kRowsPerWarp) : p.n_k_pad;
   for (int start = 0; start < end; start += kKvTile) {
     // S = Q K^T for 16 rows x 64 keys: 8 n8 tiles.
@@ -96,11 +95,8 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(const AttentionP
     for (int j = 0; j < 8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int col = start + j * 8 + 2 * t + (e & 1), r = rows[e >> 1];
-        float x = (s[j][e] + (bias ? bias[col] : 0.0f)) * p.scale_log2;
-        if (col >= p.n_k || (p.causal && col > r)) x = -INFINITY;
-        s[j][e] = x;
-        tile_max[e >> 1] = fmaxf(tile_max[e >> 1], x);
+        s[j][e] = masked_score(p, s[j][e], bias, rows[e >> 1], start + j * 8 + 2 * t + (e & 1));
+        tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[j][e]);
       }
     float alpha[2], s1[2], row_p_max[2] = {0.0f, 0.0f}, row_sum[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -121,8 +117,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(const AttentionP
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       l[h] = l[h] * alpha[h] + quad_sum(row_sum[h]);
-      const float rmax = quad_max(row_p_max[h]);
-      s1[h] = rmax > 0.0f ? rmax / kPRowMax : 1.0f;  // level 1 of the P quantization
+      s1[h] = p_row_scale(quad_max(row_p_max[h]));
     }
 
     // Level 2: NVFP4 per 16 keys (two n8 tiles), then repack into the A fragment of P.
@@ -172,7 +167,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(const AttentionP
       float2 o = make_float2(acc[nt][2 * h] / l[h], acc[nt][2 * h + 1] / l[h]);
       *reinterpret_cast<float2*>(p.out + row * D + nt * 8 + 2 * t) = o;
     }
-    if (t == 0) p.lse[row] = (m[h] + log2f(l[h])) * 0.6931471805599453f;
+    if (t == 0) p.lse[row] = lse_natural(m[h], l[h]);
   }
 }
 

@@ -8,43 +8,81 @@
 
 namespace {
 
-void check(const torch::Tensor& t, const char* name, at::ScalarType dtype) {
+// A contiguous CUDA tensor of `dtype` whose data is `align`-byte aligned: the kernels load 4 bytes
+// (codes, scales) or 16 bytes (quantize input) at a time.
+void check(const torch::Tensor& t, const char* name, at::ScalarType dtype, int64_t align) {
   TORCH_CHECK(t.is_cuda() && t.is_contiguous(), name, " must be a contiguous CUDA tensor");
   TORCH_CHECK(t.scalar_type() == dtype, name, " has dtype ", t.scalar_type(), ", expected ", dtype);
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % align == 0, name, " must be ", align,
+              "-byte aligned (a view at an odd offset is not; pass a copy)");
+}
+
+// check(), plus the device and the exact shape the kernels index: they read raw pointers unchecked.
+void check(const torch::Tensor& t, const char* name, at::ScalarType dtype, at::Device device,
+           at::IntArrayRef shape) {
+  check(t, name, dtype, 4);
+  TORCH_CHECK(t.device() == device, name, " is on ", t.device(), ", q_codes on ", device);
+  TORCH_CHECK(t.sizes() == shape, name, " has shape ", t.sizes(), ", expected ", shape);
 }
 
 // x [..., L] float32, L % 16 == 0 -> (codes [..., L/2] uint8, scales [..., L/16] float8_e4m3fn).
 std::vector<torch::Tensor> quantize(const torch::Tensor& x) {
-  check(x, "x", at::kFloat);
-  TORCH_CHECK(x.size(-1) % 16 == 0, "the quantized dim must be a multiple of 16, got ", x.size(-1));
+  check(x, "x", at::kFloat, 16);
+  TORCH_CHECK(x.dim() > 0 && x.size(-1) % 16 == 0, "the quantized dim must be a multiple of 16, got shape ", x.sizes());
   const c10::cuda::CUDAGuard guard(x.device());
   auto sizes = x.sizes().vec();
   sizes.back() /= 2;
   auto codes = torch::empty(sizes, x.options().dtype(at::kByte));
   sizes.back() /= 8;
   auto scales = torch::empty(sizes, x.options().dtype(at::kFloat8_e4m3fn));
-  sage3::quantize_groups(x.data_ptr<float>(), codes.data_ptr<uint8_t>(),
-                         reinterpret_cast<uint8_t*>(scales.data_ptr()), x.numel() / 16,
-                         c10::cuda::getCurrentCUDAStream());
+  if (x.numel() > 0) {  // an empty grid is a launch error
+    sage3::quantize_groups(x.data_ptr<float>(), codes.data_ptr<uint8_t>(),
+                           reinterpret_cast<uint8_t*>(scales.data_ptr()), x.numel() / 16,
+                           c10::cuda::getCurrentCUDAStream());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
   return {codes, scales};
 }
 
+// The attention kernel for this GPU; a GPU without FP4 tensor cores is refused before any other work.
+using AttentionKernel = void (*)(const sage3::AttentionParams&, cudaStream_t);
+AttentionKernel attention_kernel_for(int device) {
+  int major = 0, minor = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  if (major == 10 && minor == 0) return sage3::attention_sm100;
+  TORCH_CHECK(major == 12, "sageattn3 CUDA kernels need sm_100 or sm_120/sm_121, got sm_", major, minor);
+  return sage3::attention_sm120;
+}
+
+// Operands as sageattn3/prepare.py lays them out (see attention.h).
 std::vector<torch::Tensor> attention(const torch::Tensor& q_codes, const torch::Tensor& q_scales,
                                      const torch::Tensor& k_codes, const torch::Tensor& k_scales,
                                      const torch::Tensor& v_codes, const torch::Tensor& v_scales,
                                      const c10::optional<torch::Tensor>& q_bias, int64_t n_k, double sm_scale,
                                      bool causal) {
-  for (auto [t, name] : {std::pair{&q_codes, "q_codes"}, {&k_codes, "k_codes"}, {&v_codes, "v_codes"}})
-    check(*t, name, at::kByte);
-  for (auto [t, name] : {std::pair{&q_scales, "q_scales"}, {&k_scales, "k_scales"}, {&v_scales, "v_scales"}})
-    check(*t, name, at::kFloat8_e4m3fn);
-  if (q_bias) check(*q_bias, "q_bias", at::kFloat);
-  const c10::cuda::CUDAGuard guard(q_codes.device());
-  const int64_t head_dim = q_codes.size(3) * 2;
-  TORCH_CHECK(head_dim == 64 || head_dim == 128, "head_dim must be 64 or 128 (padded by the caller)");
-  auto out = torch::empty({q_codes.size(0), q_codes.size(1), q_codes.size(2), head_dim},
-                          q_codes.options().dtype(at::kFloat));
-  auto lse = torch::empty({q_codes.size(0), q_codes.size(1), q_codes.size(2)}, out.options());
+  TORCH_CHECK(q_codes.is_cuda(), "q_codes must be a contiguous CUDA tensor");
+  const AttentionKernel kernel = attention_kernel_for(q_codes.get_device());
+  TORCH_CHECK(q_codes.dim() == 4 && k_codes.dim() == 4, "q_codes and k_codes must be 4-D, got shapes ",
+              q_codes.sizes(), " and ", k_codes.sizes());
+  const int64_t batch = q_codes.size(0), heads = q_codes.size(1), n_q_pad = q_codes.size(2);
+  const int64_t head_dim = q_codes.size(3) * 2, kv_heads = k_codes.size(1), n_k_pad = k_codes.size(2);
+  TORCH_CHECK(head_dim == 64 || head_dim == 128, "head_dim must be 64 or 128 (padded by the caller), got ", head_dim);
+  TORCH_CHECK(kv_heads > 0 && heads % kv_heads == 0, "q heads (", heads, ") must be a multiple of k/v heads (",
+              kv_heads, ")");
+  TORCH_CHECK(n_q_pad % sage3::kQBlock == 0 && n_k_pad % sage3::kKvTile == 0, "token counts must be padded to ",
+              sage3::kQBlock, " (q) and ", sage3::kKvTile, " (k, v), got ", n_q_pad, " and ", n_k_pad);
+  const at::Device device = q_codes.device();
+  check(q_codes, "q_codes", at::kByte, device, {batch, heads, n_q_pad, head_dim / 2});
+  check(q_scales, "q_scales", at::kFloat8_e4m3fn, device, {batch, heads, n_q_pad, head_dim / 16});
+  check(k_codes, "k_codes", at::kByte, device, {batch, kv_heads, n_k_pad, head_dim / 2});
+  check(k_scales, "k_scales", at::kFloat8_e4m3fn, device, {batch, kv_heads, n_k_pad, head_dim / 16});
+  check(v_codes, "v_codes", at::kByte, device, {batch, kv_heads, head_dim, n_k_pad / 2});
+  check(v_scales, "v_scales", at::kFloat8_e4m3fn, device, {batch, kv_heads, head_dim, n_k_pad / 16});
+  if (q_bias) check(*q_bias, "q_bias", at::kFloat, device, {batch, heads, n_q_pad / sage3::kQBlock, n_k_pad});
+  const c10::cuda::CUDAGuard guard(device);
+  auto out = torch::empty({batch, heads, n_q_pad, head_dim}, q_codes.options().dtype(at::kFloat));
+  auto lse = torch::empty({batch, heads, n_q_pad}, out.options());
   sage3::AttentionParams p{};
   p.q_codes = q_codes.data_ptr<uint8_t>();
   p.q_scales = reinterpret_cast<const uint8_t*>(q_scales.data_ptr());
@@ -55,27 +93,19 @@ std::vector<torch::Tensor> attention(const torch::Tensor& q_codes, const torch::
   p.q_bias = q_bias ? q_bias->data_ptr<float>() : nullptr;
   p.out = out.data_ptr<float>();
   p.lse = lse.data_ptr<float>();
-  p.batch = int(q_codes.size(0));
-  p.heads = int(q_codes.size(1));
-  p.kv_group = int(q_codes.size(1) / k_codes.size(1));
-  p.n_q_pad = int(q_codes.size(2));
+  p.batch = int(batch);
+  p.heads = int(heads);
+  p.kv_group = int(heads / kv_heads);
+  p.n_q_pad = int(n_q_pad);
   p.n_k = int(n_k);
-  p.n_k_pad = int(k_codes.size(2));
+  p.n_k_pad = int(n_k_pad);
   p.head_dim = int(head_dim);
   p.scale_log2 = float(sm_scale * 1.4426950408889634);
   p.causal = causal;
-  int major = 0, minor = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, q_codes.get_device()));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, q_codes.get_device()));
-  const auto stream = c10::cuda::getCurrentCUDAStream();
-  if (major == 10 && minor == 0) {
-    sage3::attention_sm100(p, stream);
-  } else if (major == 12) {
-    sage3::attention_sm120(p, stream);
-  } else {
-    TORCH_CHECK(false, "sageattn3 CUDA kernels need sm_100 or sm_120/sm_121, got sm_", major, minor);
+  if (out.numel() > 0) {  // an empty grid is a launch error
+    kernel(p, c10::cuda::getCurrentCUDAStream());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {out, lse};
 }
 

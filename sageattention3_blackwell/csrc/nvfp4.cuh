@@ -1,7 +1,9 @@
-// NVFP4 helpers shared by the sageattn3 kernels: e2m1 codes, e4m3 group scales, quad reductions.
+// Device helpers shared by the sageattn3 kernels: e2m1 codes, e4m3 group scales, quad reductions,
+// and the per-score steps both attention kernels (sm_100a, sm_120a) take the same way.
 #pragma once
 #include <cstdint>
 #include <cuda_fp8.h>
+#include "attention.h"
 
 namespace sage3 {
 
@@ -42,5 +44,29 @@ __device__ __forceinline__ float quad_sum(float x) {
   x += __shfl_xor_sync(0xffffffffu, x, 1);
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
+
+// K/V head read by flattened (batch, query head) index bh: H / Hkv query heads share one.
+__device__ __forceinline__ int kv_head(const AttentionParams& p, int bh) {
+  return (bh / p.heads) * (p.heads / p.kv_group) + (bh % p.heads) / p.kv_group;
+}
+
+// The q_bias row (Q-smoothing correction over all keys) of query `row`, or nullptr without one.
+__device__ __forceinline__ const float* bias_row(const AttentionParams& p, int bh, int row) {
+  return p.q_bias ? p.q_bias + (int64_t(bh) * (p.n_q_pad / kQBlock) + row / kQBlock) * p.n_k_pad : nullptr;
+}
+
+// Score s of (row, col) in base 2 (bias added, scaled by sm_scale * log2 e); -inf for padding keys
+// and, when causal, keys past the query.
+__device__ __forceinline__ float masked_score(const AttentionParams& p, float s, const float* bias, int row,
+                                              int col) {
+  const float x = (s + (bias ? bias[col] : 0.0f)) * p.scale_log2;
+  return col >= p.n_k || (p.causal && col > row) ? -INFINITY : x;
+}
+
+// Level 1 of the P quantization: s1 maps the row max of a P tile onto 6 * 448.
+__device__ __forceinline__ float p_row_scale(float p_max) { return p_max > 0.0f ? p_max / kPRowMax : 1.0f; }
+
+// Natural-log logsumexp from the base-2 running max m and the sum l.
+__device__ __forceinline__ float lse_natural(float m, float l) { return (m + log2f(l)) * 0.6931471805599453f; }
 
 }  // namespace sage3

@@ -2,22 +2,19 @@
 
 Triton 3.6's interpreter has no `create_dot_scaled`, so a kernel calling `tl.dot_scaled` fails
 there. This adds one for the only case sageattn3 uses (e2m1 x e2m1, e4m3 scales per 16 along K,
-both operands packed along K), computed exactly in float32 with NumPy. It is installed only when
-the running Triton lacks its own.
+both operands packed along K): the operands are decoded exactly by `nvfp4.dequantize` and
+multiplied in float32 with NumPy. It is installed only when the running Triton lacks its own.
 """
 import numpy as np
 import torch
 
-from .nvfp4 import E2M1_MAGNITUDES, GROUP
-
-_E2M1 = np.array(E2M1_MAGNITUDES + tuple(-m for m in E2M1_MAGNITUDES), dtype=np.float32)
-_E4M3 = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).float().numpy()
+from . import nvfp4
 
 
-def _unpack_along(packed: np.ndarray, axis: int) -> np.ndarray:
-    lo, hi = _E2M1[packed & 15], _E2M1[packed >> 4]
-    return np.stack((lo, hi), axis=axis + 1).reshape(
-        tuple(2 * n if i == axis else n for i, n in enumerate(packed.shape)))
+def _dequantize(packed: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """Codes [..., K/2] uint8 and e4m3 scales [..., K/16] (any 1-byte dtype) -> float32 [..., K]."""
+    scales = torch.from_numpy(np.ascontiguousarray(scales).view(np.uint8)).view(torch.float8_e4m3fn)
+    return nvfp4.dequantize(torch.from_numpy(np.ascontiguousarray(packed)), scales).numpy()
 
 
 def _create_dot_scaled(self, lhs, lhs_scale, lhs_format, rhs, rhs_scale, rhs_format, fast_math, lhs_k_pack,
@@ -31,10 +28,8 @@ def _create_dot_scaled(self, lhs, lhs_scale, lhs_format, rhs, rhs_scale, rhs_for
                  and lhs_scale.dtype == tl.float8e4nv and rhs_scale.dtype == tl.float8e4nv)
     if not supported:
         raise NotImplementedError("sageattn3's interpreter dot_scaled covers only e2m1 x e2m1 with e4m3 scales")
-    a = _unpack_along(lhs.data, axis=lhs.data.ndim - 1)            # [M, K]
-    b = _unpack_along(rhs.data, axis=rhs.data.ndim - 2)            # [K, N]
-    a = a * np.repeat(_E4M3[lhs_scale.data.view(np.uint8)], GROUP, axis=-1)
-    b = b * np.repeat(_E4M3[rhs_scale.data.view(np.uint8)], GROUP, axis=-1).swapaxes(-1, -2)
+    a = _dequantize(lhs.data, lhs_scale.data)                                        # [M, K]
+    b = _dequantize(rhs.data.swapaxes(-1, -2), rhs_scale.data).swapaxes(-1, -2)      # [K, N]
     return type(acc)(np.matmul(a, b, dtype=np.float32) + acc.data, acc.dtype.scalar)
 
 

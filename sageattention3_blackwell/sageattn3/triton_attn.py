@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .dispatch import SUPPORTED_CAPABILITIES
 from .prepare import KV_TILE, Q_BLOCK, QuantizedInputs
 from .reference import P_ROW_MAX
 
@@ -124,7 +125,7 @@ def _sage3_fwd(q_codes, q_scales, k_codes, k_scales, v_codes, v_scales, q_bias, 
 
 def has_native_nvfp4_mma(device: torch.device) -> bool:
     """Block-scaled FP4 tensor cores: sm_100 (B200/GB200), sm_120/sm_121 (RTX 50xx, RTX PRO, DGX Spark)."""
-    return torch.cuda.get_device_capability(device) in ((10, 0), (12, 0), (12, 1))
+    return torch.cuda.get_device_capability(device) in SUPPORTED_CAPABILITIES
 
 
 def attention_triton(qi: QuantizedInputs, is_causal: bool, sm_scale: float, native: Optional[bool] = None):

@@ -1,4 +1,4 @@
-"""Accuracy metrics shared by the sageattn3 tests."""
+"""Accuracy metrics shared by the sageattn3 tests, and the NaN-filled `torch.empty` that checks coverage."""
 import torch
 
 
@@ -19,3 +19,9 @@ def sdpa_float64(q, k, v, is_causal=False, sm_scale=None):
     group = q.shape[1] // k.shape[1]
     k, v = (t.double().repeat_interleave(group, dim=1) for t in (k, v))
     return torch.nn.functional.scaled_dot_product_attention(q.double(), k, v, is_causal=is_causal, scale=sm_scale)
+
+
+def poisoned_empty(*shape, **kwargs):
+    """Stands in for torch.empty: every output element a kernel fails to write stays NaN and fails the comparison."""
+    return torch.full(shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape,
+                      float("nan"), **kwargs)

@@ -5,7 +5,7 @@
 import pytest
 import torch
 
-from sage3_metrics import cosine, rel_l1, sdpa_float64
+from sage3_metrics import cosine, poisoned_empty, rel_l1, sdpa_float64
 from sageattn3 import sageattn3_blackwell, triton_attn
 from sageattn3.dispatch import EMULATION_ENV, SUPPORTED_CAPABILITIES
 from sageattn3.prepare import quantize_inputs
@@ -22,11 +22,6 @@ def _inputs(b, h, h_kv, n_q, n_k, d, dtype=torch.bfloat16, seed=0):
     g = torch.Generator(device="cuda").manual_seed(seed)
     return tuple(torch.randn(b, heads, n, d, generator=g, device="cuda", dtype=dtype)
                  for heads, n in ((h, n_q), (h_kv, n_k), (h_kv, n_k)))
-
-
-def _poisoned_empty(*shape, **kwargs):
-    return torch.full(shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape,
-                      float("nan"), **kwargs)
 
 
 def test_unsupported_gpu_raises_and_points_to_sageattention():
@@ -57,7 +52,7 @@ def test_triton_matches_reference_on_gpu(monkeypatch, shape, is_causal):
     qi = quantize_inputs(q, k, v)
     scale = d ** -0.5
     ref, ref_lse = attention_reference(qi, is_causal, scale)
-    monkeypatch.setattr(triton_attn.torch, "empty", _poisoned_empty)
+    monkeypatch.setattr(triton_attn.torch, "empty", poisoned_empty)
     out, lse = triton_attn.attention_triton(qi, is_causal, scale)
     cos, l1 = cosine(out, ref), rel_l1(out, ref)
     print(f"GPU triton (native={_is_blackwell()}) vs reference {shape} causal={is_causal}: cos={cos:.6f} "
