@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .fp8 import INTERPRET, to_e4m3
 
@@ -17,17 +18,61 @@ MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
 
 
 @triton.jit
+def _load_k(K, k_row0, kv_bh, start_n, offs_n, in_n, offs_d,
+            D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr):
+    """The K tile [BLOCK_N, D_PAD] of keys offs_n; k_row0: the row of this sequence's first key in K [rows, D]."""
+    if TMA:  # descriptor over [B * HK, Nk, D]: rows past this head's Nk and columns past D come back as 0
+        k = K.load([kv_bh, start_n, 0]).reshape(BLOCK_N, D_PAD)
+    else:
+        k = tl.load(K + (k_row0 + offs_n[:, None]) * D + offs_d[None, :],
+                    mask=in_n[:, None] & (offs_d[None, :] < D), other=0)
+    return k
+
+
+@triton.jit
+def _load_v_half(V, v_off, stride_vn, stride_vd, bb, hk, start_n, offs_n, in_n, HALF: tl.constexpr,
+                 HK: tl.constexpr, D: tl.constexpr, DH: tl.constexpr, BLOCK_N: tl.constexpr,
+                 PV_FP8: tl.constexpr, TMA: tl.constexpr):
+    """Columns [HALF * DH, (HALF + 1) * DH) of the V tile [BLOCK_N, D]; v_off: where this sequence starts in V."""
+    if TMA:
+        if PV_FP8:  # descriptor over V^T [B * HK, D, Nk]
+            v = tl.trans(V.load([bb * HK + hk, HALF * DH, start_n]).reshape(DH, BLOCK_N))
+        else:  # over V [B, HK, Nk, D]
+            v = V.load([bb, hk, start_n, HALF * DH]).reshape(BLOCK_N, DH)
+    else:
+        offs_d = HALF * DH + tl.arange(0, DH)
+        # For FP8 the strides read V^T, whose contiguous axis is the tokens.
+        v = tl.load(V + v_off + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+                    mask=in_n[:, None] & (offs_d[None, :] < D), other=0.0)
+    return v
+
+
+@triton.jit
+def _pv(acc, alpha, p_lo, v, PV_TWO_LEVEL: tl.constexpr, PV_INNER_FP16: tl.constexpr):
+    if PV_TWO_LEVEL:
+        # Two-level accumulation: this block's P·V in its own accumulator, then added in fp32.
+        if PV_INNER_FP16:
+            pv = tl.dot(p_lo, v, out_dtype=tl.float16).to(tl.float32)
+        else:
+            pv = tl.dot(p_lo, v)
+        acc = acc * alpha[:, None] + pv
+    else:
+        acc = tl.dot(p_lo, v, acc * alpha[:, None])
+    return acc
+
+
+@triton.jit
 def _attn_block(
-    acc, l_i, m_i, q, q_scale, K_base, KS_base, V_base, stride_vn, stride_vd,
+    acc0, acc1, l_i, m_i, q, q_scale, K, k_row0, KS_base, V, v_off, stride_vn, stride_vd, bb, hk,
     M_base, stride_mm, stride_mn, offs_m, offs_d, start_n, k_off, nq, nk, causal_offset,
-    D: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr,
-    PV_FP8: tl.constexpr, PV_TWO_LEVEL: tl.constexpr, PV_INNER_FP16: tl.constexpr, EXACT_ROUND: tl.constexpr,
-    LOG2_P_SCALE: tl.constexpr, K_SCALAR: tl.constexpr,
+    HK: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, PV_FP8: tl.constexpr, PV_TWO_LEVEL: tl.constexpr,
+    PV_INNER_FP16: tl.constexpr, EXACT_ROUND: tl.constexpr, LOG2_P_SCALE: tl.constexpr, K_SCALAR: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     offs_n = start_n + tl.arange(0, BLOCK_N)
     in_n = offs_n < nk
-    k = tl.load(K_base + (k_off + offs_n[:, None]) * D + offs_d[None, :],
-                mask=in_n[:, None] & (offs_d[None, :] < D), other=0)
+    k = _load_k(K, k_row0, bb * HK + hk, start_n, offs_n, in_n, offs_d, D, D_PAD, BLOCK_N, TMA)
     qk = tl.dot(q, tl.trans(k), out_dtype=tl.int32)
     # Exact int32 -> fp32 for |x| < 2**22 (always true: |x| <= 127 * 127 * 256): the integer add puts x in the
     # mantissa of 1.5 * 2**23, which the dequantization subtracts again; no conversion instruction, which
@@ -57,38 +102,56 @@ def _attn_block(
     # p = P_SCALE * exp2(s - m): the stretch of P to e4m3's range rides in the exponent; l carries it too.
     p = tl.math.exp2(s - (m_use - LOG2_P_SCALE)[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    # V tile [BLOCK_N, D]; for FP8 the strides read V^T, whose contiguous axis is the tokens.
-    v = tl.load(V_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
-                mask=in_n[:, None] & (offs_d[None, :] < D), other=0.0)
+    # P·V in two column halves: each half's block product needs half the registers of the whole, which
+    # keeps the two-level accumulation from spilling.
+    DH: tl.constexpr = D_PAD // 2
+    v = _load_v_half(V, v_off, stride_vn, stride_vd, bb, hk, start_n, offs_n, in_n, 0, HK, D, DH, BLOCK_N, PV_FP8, TMA)
     if PV_FP8:
         p_lo = to_e4m3(p, EXACT_ROUND)
     else:
         p_lo = p.to(v.dtype)
-    if PV_TWO_LEVEL:
-        # Two-level accumulation: this block's P·V in its own accumulator, then added in fp32.
-        if PV_INNER_FP16:
-            pv = tl.dot(p_lo, v, out_dtype=tl.float16).to(tl.float32)
-        else:
-            pv = tl.dot(p_lo, v)
-        acc = acc * alpha[:, None] + pv
-    else:
-        acc = tl.dot(p_lo, v, acc * alpha[:, None])
-    return acc, l_i, m_new
+    acc0 = _pv(acc0, alpha, p_lo, v, PV_TWO_LEVEL, PV_INNER_FP16)
+    v = _load_v_half(V, v_off, stride_vn, stride_vd, bb, hk, start_n, offs_n, in_n, 1, HK, D, DH, BLOCK_N, PV_FP8, TMA)
+    acc1 = _pv(acc1, alpha, p_lo, v, PV_TWO_LEVEL, PV_INNER_FP16)
+    return acc0, acc1, l_i, m_new
+
+
+@triton.jit
+def _store_half(acc, l_i, VS, VM, O_rows, vs_off, in_m, HALF: tl.constexpr, D: tl.constexpr, DH: tl.constexpr,
+                PV_FP8: tl.constexpr, HAS_VM: tl.constexpr):
+    offs_d = HALF * DH + tl.arange(0, DH)
+    in_d = offs_d < D
+    out = tl.where(l_i[:, None] == 0.0, 0.0, acc / l_i[:, None])
+    if PV_FP8:
+        out = out * tl.load(VS + vs_off + offs_d, mask=in_d, other=0.0)[None, :]
+    if HAS_VM:  # V smoothing: softmax rows sum to 1, so the subtracted mean comes back as a constant
+        vm = tl.load(VM + vs_off + offs_d, mask=in_d, other=0.0)
+        out = tl.where(l_i[:, None] == 0.0, 0.0, out + vm[None, :])
+    tl.store(O_rows[:, None] + offs_d[None, :], out.to(O_rows.dtype.element_ty), mask=in_m[:, None] & in_d[None, :])
+
+
+def _set_block_shapes(nargs):
+    """Autotune pre-hook: TMA descriptors copy tiles of the config's block sizes."""
+    if isinstance(nargs["K"], TensorDescriptor):
+        dh = nargs["D_PAD"] // 2
+        nargs["K"].block_shape = [1, nargs["BLOCK_N"], nargs["D_PAD"]]
+        nargs["V"].block_shape = [1, dh, nargs["BLOCK_N"]] if nargs["PV_FP8"] else [1, 1, nargs["BLOCK_N"], dh]
 
 
 def _configs():
     if INTERPRET:
-        return [triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=4, num_stages=1)]
+        return [triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=4, num_stages=1, pre_hook=_set_block_shapes)]
     return [
-        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
+        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s, pre_hook=_set_block_shapes)
         for bm, bn, w, s in [
             (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 128, 8, 2),
-            (64, 64, 4, 3), (64, 128, 4, 3), (128, 32, 4, 3),
+            (64, 64, 4, 3), (64, 128, 4, 3), (64, 128, 4, 4), (128, 32, 4, 3),
         ]
     ]
 
 
-@triton.autotune(configs=_configs(), key=["N_BUCKET", "D", "IS_CAUSAL", "MASK_KIND", "PV_FP8", "PV_TWO_LEVEL", "VARLEN", "K_SCALAR"])
+@triton.autotune(configs=_configs(), key=["N_BUCKET", "D", "IS_CAUSAL", "MASK_KIND", "PV_FP8", "PV_TWO_LEVEL", "VARLEN",
+                                          "K_SCALAR", "TMA"])
 @triton.jit
 def _attn_fwd(
     Q, QS, K, KS, V, stride_vb, stride_vh, stride_vn, stride_vd, VS, VM,
@@ -99,10 +162,12 @@ def _attn_fwd(
     IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, PV_FP8: tl.constexpr,
     PV_TWO_LEVEL: tl.constexpr, PV_INNER_FP16: tl.constexpr, HAS_VM: tl.constexpr,
     RETURN_LSE: tl.constexpr, VARLEN: tl.constexpr, EXACT_ROUND: tl.constexpr, K_SCALAR: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
+    """K and V are TMA descriptors when TMA, else pointers (see `attention`)."""
     # FP8 P·V stretches P in [0, 1] by 448 to fill e4m3's range, unless an fp16 accumulator could overflow.
     LOG2_P_SCALE: tl.constexpr = 8.807354922057604 if (PV_FP8 and not PV_INNER_FP16) else 0.0
+    DH: tl.constexpr = D_PAD // 2
     start_m, h, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     hk = h // kv_group
     if VARLEN:  # packed sequences: batch index b selects a slice of one long token axis
@@ -121,14 +186,15 @@ def _attn_fwd(
     q_rows = (bb * H + h) * nq_all + q_off + offs_m
     q = tl.load(Q + q_rows[:, None] * D + offs_d[None, :], mask=in_m[:, None] & (offs_d[None, :] < D), other=0)
     q_scale = tl.load(QS + q_rows, mask=in_m, other=0.0) * sm_scale_log2
-    K_base = K + (bb * HK + hk) * nk_all * D
+    k_row0 = (bb * HK + hk) * nk_all + k_off
     KS_base = KS + (bb * HK + hk) * nk_all
-    V_base = V + bb * stride_vb + hk * stride_vh + k_off * stride_vn
+    v_off = bb * stride_vb + hk * stride_vh + k_off * stride_vn
     M_base = M + b * stride_mb + h * stride_mh
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
+    acc0 = tl.zeros([BLOCK_M, DH], dtype=tl.float32)  # output columns [0, DH)
+    acc1 = tl.zeros([BLOCK_M, DH], dtype=tl.float32)  # and [DH, D_PAD)
 
     # Keys [0, full) need no causal or bounds mask for any row of this block; [full, hi) do.
     causal_offset = nk - nq  # bottom-right alignment
@@ -140,35 +206,55 @@ def _attn_fwd(
         full = nk
     full = (full // BLOCK_N) * BLOCK_N
     for start_n in range(0, full, BLOCK_N):
-        acc, l_i, m_i = _attn_block(
-            acc, l_i, m_i, q, q_scale, K_base, KS_base, V_base, stride_vn, stride_vd,
+        acc0, acc1, l_i, m_i = _attn_block(
+            acc0, acc1, l_i, m_i, q, q_scale, K, k_row0, KS_base, V, v_off, stride_vn, stride_vd, bb, hk,
             M_base, stride_mm, stride_mn, offs_m, offs_d, start_n, k_off, nq, nk, causal_offset,
-            D, BLOCK_N, False, IS_CAUSAL, MASK_KIND, PV_FP8, PV_TWO_LEVEL, PV_INNER_FP16, EXACT_ROUND, LOG2_P_SCALE, K_SCALAR)
+            HK, D, D_PAD, BLOCK_N, False, IS_CAUSAL, MASK_KIND, PV_FP8, PV_TWO_LEVEL, PV_INNER_FP16, EXACT_ROUND,
+            LOG2_P_SCALE, K_SCALAR, TMA)
     for start_n in range(full, hi, BLOCK_N):
-        acc, l_i, m_i = _attn_block(
-            acc, l_i, m_i, q, q_scale, K_base, KS_base, V_base, stride_vn, stride_vd,
+        acc0, acc1, l_i, m_i = _attn_block(
+            acc0, acc1, l_i, m_i, q, q_scale, K, k_row0, KS_base, V, v_off, stride_vn, stride_vd, bb, hk,
             M_base, stride_mm, stride_mn, offs_m, offs_d, start_n, k_off, nq, nk, causal_offset,
-            D, BLOCK_N, True, IS_CAUSAL, MASK_KIND, PV_FP8, PV_TWO_LEVEL, PV_INNER_FP16, EXACT_ROUND, LOG2_P_SCALE, K_SCALAR)
+            HK, D, D_PAD, BLOCK_N, True, IS_CAUSAL, MASK_KIND, PV_FP8, PV_TWO_LEVEL, PV_INNER_FP16, EXACT_ROUND,
+            LOG2_P_SCALE, K_SCALAR, TMA)
 
-    out = tl.where(l_i[:, None] == 0.0, 0.0, acc / l_i[:, None])
-    if PV_FP8:
-        v_scale = tl.load(VS + (bb * HK + hk) * D + offs_d, mask=offs_d < D, other=0.0)
-        out = out * v_scale[None, :]
-    if HAS_VM:  # V smoothing: softmax rows sum to 1, so the subtracted mean comes back as a constant
-        vm = tl.load(VM + (bb * HK + hk) * D + offs_d, mask=offs_d < D, other=0.0)
-        out = tl.where(l_i[:, None] == 0.0, 0.0, out + vm[None, :])
-    o_ptrs = O + bb * stride_ob + h * stride_oh + (q_off + offs_m[:, None]) * stride_on + offs_d[None, :]
-    tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=in_m[:, None] & (offs_d[None, :] < D))
+    o_rows = O + bb * stride_ob + h * stride_oh + (q_off + offs_m) * stride_on
+    vs_off = (bb * HK + hk) * D
+    _store_half(acc0, l_i, VS, VM, o_rows, vs_off, in_m, 0, D, DH, PV_FP8, HAS_VM)
+    _store_half(acc1, l_i, VS, VM, o_rows, vs_off, in_m, 1, D, DH, PV_FP8, HAS_VM)
     if RETURN_LSE:
         m_use = tl.where(m_i == float("-inf"), 0.0, m_i)
         lse = (m_use + tl.math.log2(l_i) - LOG2_P_SCALE) * 0.6931471805599453
         tl.store(LSE + (b * H + h) * nq_all + offs_m, lse, mask=in_m)
 
 
+def _aligned(t: torch.Tensor) -> bool:
+    """TMA needs a 16-byte aligned base and 16-byte multiples for every stride but the last."""
+    return t.data_ptr() % 16 == 0 and all(st * t.element_size() % 16 == 0 for st in t.stride()[:-1])
+
+
+def _descriptors(k_i8: torch.Tensor, v: torch.Tensor, pv_fp8: bool, nk: int):
+    """TMA descriptors for K [B * HK, Nk, D] and V ([B * HK, D, Nk] over the FP8 V^T, else [B, HK, Nk, D]), or
+    None where TMA cannot read them. Block shapes are set per config by `_set_block_shapes`."""
+    b, hk, n, d = k_i8.shape
+    k3 = k_i8.view(b * hk, n, d)
+    # V^T [B, HK, D, N_PAD]: the descriptor stops at Nk, so TMA zero-fills the padding tokens.
+    v_view, v_shape = (v.view(b * hk, d, v.shape[3]), [b * hk, d, nk]) if pv_fp8 else (v, list(v.shape))
+    if not (_aligned(k3) and _aligned(v_view)):
+        return None
+    return (TensorDescriptor(k3, list(k3.shape), list(k3.stride()), [1, 1, 1]),
+            TensorDescriptor(v_view, v_shape, list(v_view.stride()), [1] * v_view.dim()))
+
+
+def _use_tma(device: torch.device) -> bool:
+    """Hopper and Blackwell copy tiles with TMA; the interpreter runs the same path on CPU."""
+    return INTERPRET or (device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9)
+
+
 def attention(
     q_i8, q_scale, k_i8, k_scale, v, *, v_scale=None, v_mean=None,
     out_layout_view, sm_scale: float, is_causal: bool, mask=None, pv_two_level: bool, pv_inner_fp16: bool,
-    return_lse: bool, k_scalar: bool, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+    return_lse: bool, k_scalar: bool, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, tma=None,
 ):
     """Run the kernel. q_i8 [B, H, Nq, D] / k_i8 [B, HK, Nk, D] int8 contiguous with per-token scales;
     v: 16-bit [B, HK, Nk, D] (any strides, last dim contiguous) or FP8 V^T [B, HK, D, N_PAD] (v_scale set).
@@ -176,6 +262,9 @@ def attention(
     mask: None, bool or additive tensor already expanded to [B, H, Nq, Nk].
     k_scalar: K scales are constant over runs of K_BLOCK keys (per-block/per-warp), so each key tile of at most
     K_BLOCK keys has one scale (not so for packed varlen batches, whose tiles start anywhere).
+    tma: None (default) reads K and V through TMA descriptors on sm90+ (and under the interpreter) where the
+    batch is dense and the strides 16-byte aligned; False always reads through pointers. Packed varlen batches
+    use pointers: their tiles may run into the next sequence, which must read as 0.
     Returns lse [B, H, Nq] or None."""
     b, h, nq_all, d = q_i8.shape
     hk, nk_all = k_i8.shape[1], k_i8.shape[2]
@@ -185,6 +274,10 @@ def attention(
     else:
         sv = (v.stride(0), v.stride(1), v.stride(2), 1)
     varlen = cu_seqlens_q is not None
+    if tma is None:
+        tma = _use_tma(q_i8.device)
+    descriptors = _descriptors(k_i8, v, pv_fp8, nk_all) if tma and not varlen else None
+    k_arg, v_arg = descriptors or (k_i8, v)
     n_batch = cu_seqlens_q.numel() - 1 if varlen else b
     max_q = max_seqlen_q if varlen else nq_all
     lse = torch.empty((n_batch, h, nq_all), dtype=torch.float32, device=q_i8.device) if return_lse else None
@@ -200,7 +293,7 @@ def attention(
         return (triton.cdiv(max_q, meta["BLOCK_M"]), h, n_batch)
 
     _attn_fwd[grid](
-        q_i8, q_scale, k_i8, k_scale, v, *sv,
+        q_i8, q_scale, k_arg, k_scale, v_arg, *sv,
         v_scale if pv_fp8 else dummy, v_mean if v_mean is not None else dummy,
         m, *ms, o, o.stride(0), o.stride(1), o.stride(2), lse if return_lse else dummy,
         cu_seqlens_q if varlen else dummy, cu_seqlens_k if varlen else dummy,
@@ -208,6 +301,6 @@ def attention(
         triton.next_power_of_2(max(max_q, 16)), H=h, HK=hk, D=d, D_PAD=max(32, triton.next_power_of_2(d)),
         IS_CAUSAL=is_causal, MASK_KIND=mask_kind, PV_FP8=pv_fp8, PV_TWO_LEVEL=pv_two_level,
         PV_INNER_FP16=pv_inner_fp16, HAS_VM=v_mean is not None, RETURN_LSE=return_lse, VARLEN=varlen,
-        EXACT_ROUND=INTERPRET, K_SCALAR=k_scalar and not varlen,
+        EXACT_ROUND=INTERPRET, K_SCALAR=k_scalar and not varlen, TMA=descriptors is not None,
     )
     return lse

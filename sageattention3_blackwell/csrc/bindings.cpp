@@ -8,12 +8,23 @@
 
 namespace {
 
+// Numbers reach error messages as strings. Streaming an integer into TORCH_CHECK's std::ostream
+// instantiates libstdc++ stream code inside this library; built with a g++ newer than the libstdc++
+// Python had loaded, that code crashed (SIGSEGV) on an H200 machine instead of raising the error.
+std::string str(int64_t n) { return std::to_string(n); }
+
+std::string str(at::IntArrayRef shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
 // A contiguous CUDA tensor of `dtype` whose data is `align`-byte aligned: the kernels load 4 bytes
 // (codes, scales) or 16 bytes (quantize input) at a time.
 void check(const torch::Tensor& t, const char* name, at::ScalarType dtype, int64_t align) {
   TORCH_CHECK(t.is_cuda() && t.is_contiguous(), name, " must be a contiguous CUDA tensor");
   TORCH_CHECK(t.scalar_type() == dtype, name, " has dtype ", t.scalar_type(), ", expected ", dtype);
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % align == 0, name, " must be ", align,
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % align == 0, name, " must be ", str(align),
               "-byte aligned (a view at an odd offset is not; pass a copy)");
 }
 
@@ -22,13 +33,14 @@ void check(const torch::Tensor& t, const char* name, at::ScalarType dtype, at::D
            at::IntArrayRef shape) {
   check(t, name, dtype, 4);
   TORCH_CHECK(t.device() == device, name, " is on ", t.device(), ", q_codes on ", device);
-  TORCH_CHECK(t.sizes() == shape, name, " has shape ", t.sizes(), ", expected ", shape);
+  TORCH_CHECK(t.sizes() == shape, name, " has shape ", str(t.sizes()), ", expected ", str(shape));
 }
 
 // x [..., L] float32, L % 16 == 0 -> (codes [..., L/2] uint8, scales [..., L/16] float8_e4m3fn).
 std::vector<torch::Tensor> quantize(const torch::Tensor& x) {
   check(x, "x", at::kFloat, 16);
-  TORCH_CHECK(x.dim() > 0 && x.size(-1) % 16 == 0, "the quantized dim must be a multiple of 16, got shape ", x.sizes());
+  TORCH_CHECK(x.dim() > 0 && x.size(-1) % 16 == 0, "the quantized dim must be a multiple of 16, got shape ",
+              str(x.sizes()));
   const c10::cuda::CUDAGuard guard(x.device());
   auto sizes = x.sizes().vec();
   sizes.back() /= 2;
@@ -51,7 +63,7 @@ AttentionKernel attention_kernel_for(int device) {
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
   if (major == 10 && minor == 0) return sage3::attention_sm100;
-  TORCH_CHECK(major == 12, "sageattn3 CUDA kernels need sm_100 or sm_120/sm_121, got sm_", major, minor);
+  TORCH_CHECK(major == 12, "sageattn3 CUDA kernels need sm_100 or sm_120/sm_121, got sm_", str(major), str(minor));
   return sage3::attention_sm120;
 }
 
@@ -64,14 +76,16 @@ std::vector<torch::Tensor> attention(const torch::Tensor& q_codes, const torch::
   TORCH_CHECK(q_codes.is_cuda(), "q_codes must be a contiguous CUDA tensor");
   const AttentionKernel kernel = attention_kernel_for(q_codes.get_device());
   TORCH_CHECK(q_codes.dim() == 4 && k_codes.dim() == 4, "q_codes and k_codes must be 4-D, got shapes ",
-              q_codes.sizes(), " and ", k_codes.sizes());
+              str(q_codes.sizes()), " and ", str(k_codes.sizes()));
   const int64_t batch = q_codes.size(0), heads = q_codes.size(1), n_q_pad = q_codes.size(2);
   const int64_t head_dim = q_codes.size(3) * 2, kv_heads = k_codes.size(1), n_k_pad = k_codes.size(2);
-  TORCH_CHECK(head_dim == 64 || head_dim == 128, "head_dim must be 64 or 128 (padded by the caller), got ", head_dim);
-  TORCH_CHECK(kv_heads > 0 && heads % kv_heads == 0, "q heads (", heads, ") must be a multiple of k/v heads (",
-              kv_heads, ")");
+  TORCH_CHECK(head_dim == 64 || head_dim == 128, "head_dim must be 64 or 128 (padded by the caller), got ",
+              str(head_dim));
+  TORCH_CHECK(kv_heads > 0 && heads % kv_heads == 0, "q heads (", str(heads), ") must be a multiple of k/v heads (",
+              str(kv_heads), ")");
   TORCH_CHECK(n_q_pad % sage3::kQBlock == 0 && n_k_pad % sage3::kKvTile == 0, "token counts must be padded to ",
-              sage3::kQBlock, " (q) and ", sage3::kKvTile, " (k, v), got ", n_q_pad, " and ", n_k_pad);
+              str(sage3::kQBlock), " (q) and ", str(sage3::kKvTile), " (k, v), got ", str(n_q_pad), " and ",
+              str(n_k_pad));
   const at::Device device = q_codes.device();
   check(q_codes, "q_codes", at::kByte, device, {batch, heads, n_q_pad, head_dim / 2});
   check(q_scales, "q_scales", at::kFloat8_e4m3fn, device, {batch, heads, n_q_pad, head_dim / 16});

@@ -105,8 +105,15 @@ def test_cuda_extension_loads_and_refuses_other_gpus(monkeypatch):
     x = torch.randn(4, 32, device="cuda", dtype=torch.float16)
     with pytest.raises(RuntimeError, match="has dtype .*expected"):
         _C.quantize(x)
+    with pytest.raises(RuntimeError, match=r"multiple of 16, got shape \[4, 24\]"):
+        _C.quantize(torch.randn(4, 24, device="cuda"))
     if _is_blackwell():
         pytest.skip("this GPU runs the kernels; test_cuda_extension_matches_reference covers it")
     monkeypatch.setenv(EMULATION_ENV, "1")
     with pytest.raises(RuntimeError, match="backend='cuda' needs sm_100/sm_120/sm_121"):
         sageattn3_blackwell(*_inputs(1, 2, 2, 128, 128, 128), backend="cuda")
+    # Called directly with well-formed operands, the bindings refuse this GPU before launching anything.
+    qi = quantize_inputs(*_inputs(1, 2, 2, 128, 128, 128))
+    with pytest.raises(RuntimeError, match="need sm_100 or sm_120/sm_121, got sm_"):
+        _C.attention(qi.q_codes, qi.q_scales, qi.k_codes, qi.k_scales, qi.v_codes, qi.v_scales, qi.q_bias,
+                     qi.n_k, 0.1, False)

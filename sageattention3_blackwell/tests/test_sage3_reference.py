@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from sage3_metrics import cosine, rel_l1, rmse, sdpa_float64
-from sageattn3 import sageattn3_blackwell
+from sageattn3 import nvfp4, sageattn3_blackwell
+from sageattn3.reference import P_ROW_MAX
 
 
 def _inputs(b, h, h_kv, n_q, n_k, d, dtype=torch.float16, seed=0):
@@ -42,6 +43,37 @@ def test_q_smoothing_recovers_accuracy_on_offset_inputs():
     unsmoothed = cosine(sageattn3_blackwell(q, k, v, per_block_mean=False, backend="reference"), ref)
     print(f"offset inputs: cos with per-block Q mean {smoothed:.4f}, without {unsmoothed:.4f}")
     assert smoothed >= 0.99 and smoothed > unsmoothed + 0.01
+
+
+def _best_scale_nvfp4(x: torch.Tensor) -> torch.Tensor:
+    """NVFP4 round trip of x along its last dim with the best float32 scale per 16 elements, searched over
+    amax/6 * 2^(i/8) for i in -11..1: a bound on what any choice of group scales could reach."""
+    groups = x.reshape(*x.shape[:-1], -1, nvfp4.GROUP)
+    amax = groups.abs().amax(dim=-1, keepdim=True).clamp_min(1e-30)
+    best, best_err = None, None
+    for i in range(-11, 2):
+        scale = amax / nvfp4.E2M1_MAX * 2 ** (i / 8)
+        y = nvfp4.decode_e2m1(nvfp4.encode_e2m1(groups / scale)) * scale
+        err = (y - groups).pow(2).sum(dim=-1, keepdim=True)
+        best = y if best is None else torch.where(err < best_err, y, best)
+        best_err = err if best_err is None else torch.minimum(err, best_err)
+    return best.reshape(x.shape)
+
+
+def test_gaussian_accuracy_is_at_the_nvfp4_bound():
+    """The issue asks for cosine >= 0.99 on random inputs. On iid N(0, 1) inputs no choice of NVFP4 group scales
+    gets there: quantizing Q, K, P and V with the best float32 scale per group (searched) gives ~0.986. Our
+    quantizers (amax / 6 in e4m3) must stay within 0.005 of that bound; model-like random inputs (per-channel
+    offsets, test_q_smoothing_recovers_accuracy_on_offset_inputs) do reach >= 0.99."""
+    q, k, v = (t.float() for t in _inputs(1, 4, 4, 256, 512, 128))
+    ref = sdpa_float64(q, k, v)
+    p = torch.softmax(_best_scale_nvfp4(q) @ _best_scale_nvfp4(k).transpose(2, 3) / math.sqrt(128), dim=-1)
+    row_max = p.amax(dim=-1, keepdim=True) / P_ROW_MAX
+    v_q = _best_scale_nvfp4(v.transpose(2, 3)).transpose(2, 3)
+    bound = cosine(_best_scale_nvfp4(p / row_max) * row_max @ v_q, ref)
+    ours = cosine(sageattn3_blackwell(q.half(), k.half(), v.half(), backend="reference"), ref)
+    print(f"iid N(0, 1): ours {ours:.4f}, NVFP4 with searched float32 group scales {bound:.4f}")
+    assert bound < 0.99 and ours >= bound - 0.005
 
 
 def test_lse_is_the_logsumexp_of_the_scaled_scores():
