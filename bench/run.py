@@ -21,7 +21,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.functional import scaled_dot_product_attention as sdpa
 
 import sageattention
-from sageattention.core import SAGEATTN_GRAN
+from sageattention.core import sageattn_plan
 from sageattention.triton import pipeline
 
 RESULTS = Path(__file__).parent / "results"
@@ -42,14 +42,8 @@ def long_shapes(quick: bool):
         yield dict(suite="b4h32", b=4, h=32, n=n, d=128, causal=False)
 
 
-def sage_plan(pv_fp8: bool) -> pipeline.Plan:
-    """The plan sageattn() uses on a GPU with (pv_fp8) or without FP8 tensor cores."""
-    return pipeline.Plan(qk_quant_gran=SAGEATTN_GRAN, pv_fp8=pv_fp8, pv_two_level=pv_fp8)
-
-
-def methods(q, k, v, causal: bool, pv_fp8: bool):
+def methods(q, k, v, causal: bool, plan: pipeline.Plan):
     qb, kb, vb = (t.to(torch.bfloat16) for t in (q, k, v))
-    plan = sage_plan(pv_fp8)
     xq = pipeline.quantize(q, k, v, plan)
     out = torch.empty_like(q)
     sm_scale = q.shape[-1] ** -0.5
@@ -76,8 +70,7 @@ def tops(shape, ms: float) -> float:
 
 
 def run(quick: bool, suites) -> list[dict]:
-    cap = torch.cuda.get_device_capability()
-    pv_fp8 = sageattention.dispatch.default_pv_fp8(cap)
+    plan = sageattn_plan(torch.cuda.get_device_capability())
     rows = []
     shapes = [s for gen in (fa3_shapes, long_shapes) for s in gen(quick) if s["suite"] in suites]
     for shape in shapes:
@@ -85,7 +78,7 @@ def run(quick: bool, suites) -> list[dict]:
         q, k, v = (torch.randn(shape["b"], shape["h"], shape["n"], shape["d"], device="cuda", dtype=torch.float16)
                    for _ in range(3))
         row = dict(shape)
-        for name, fn in methods(q, k, v, shape["causal"], pv_fp8).items():
+        for name, fn in methods(q, k, v, shape["causal"], plan).items():
             try:
                 ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
                 row[name] = round(tops(shape, ms), 1)

@@ -1,23 +1,25 @@
 """The public API: upstream SageAttention 2.2's names, parameters and defaults, plus masks, GQA and LSE."""
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from . import dispatch, inputs, ops
 from .quant_groups import check_granularity
+from .triton.pipeline import Plan
 
 # pv_accum_dtype -> (two-level accumulation, fp16 per-block accumulator)
 _PV_ACCUM = {
     "fp32": (False, False),
     "fp32+fp32": (True, False),
     "fp32+fp16": (True, True),
-    "fp16+fp32": (True, True),
-    # An fp16 running accumulator overflows for large V; "fp16" runs as "fp16+fp32".
-    "fp16": (True, True),
+    # An fp16 per-block accumulator is used only for FP8 P·V (P in [0, 1] times V within +-448 stays below
+    # 65504 over a key tile). 16-bit V can reach 6e4, so "fp16+fp32" and "fp16" (16-bit P·V only) accumulate
+    # each block in fp32: at least the precision asked for, never an overflow where SDPA is finite.
+    "fp16+fp32": (True, False),
+    "fp16": (True, False),
 }
-# An fp16 per-block accumulator is used only for FP8 P·V (P in [0, 1] times V within +-448 stays below
-# 65504 over a key tile). 16-bit V can reach 6e4, so "fp16+fp32"/"fp16" with 16-bit P·V accumulate each
-# block in fp32: at least the precision asked for, never an overflow where SDPA is finite.
 FP16_PV_ACCUM = ("fp32", "fp16+fp32", "fp16")
 FP8_PV_ACCUM = ("fp32", "fp32+fp32", "fp32+fp16")
 SM90_PV_ACCUM = ("fp32", "fp32+fp32")
@@ -31,29 +33,43 @@ SAGEATTN_KWARGS = ("attn_mask", "dropout_p", "smooth_k", "smooth_v", "qk_quant_g
                    "quantization_backend")
 
 
-def _attention(fn_name, q, k, v, *, tensor_layout, is_causal, sm_scale, qk_quant_gran, pv_fp8, pv_accum_dtype,
-               accum_choices, smooth_k, smooth_v, return_lse, attn_mask=None, dropout_p=0.0, compiled=False,
-               only_archs=None):
-    """pv_fp8 None: the GPU's default (FP8 P·V where FP8 tensor cores exist), with its accumulation choices
-    and, when pv_accum_dtype is None, their default. compiled: fn_name is a `_cuda` variant, served by the
-    CUDA extension once it is built for the GPU."""
-    b, hq, _, nq, nk = inputs.check_dense(q, k, v, tensor_layout)
+def resolve_plan(fn_name, cap, *, qk_quant_gran, pv_fp8, pv_accum_dtype, accum_choices, smooth_k,
+                 smooth_v) -> Plan:
+    """What the kernels compute for a public call on a GPU of capability `cap` (None: the interpreter).
+    pv_fp8 None: the GPU's default (FP8 P·V where FP8 tensor cores exist), with its accumulation choices and,
+    when pv_accum_dtype is None, their default."""
     if pv_fp8 is None:
-        pv_fp8 = dispatch.default_pv_fp8(dispatch.capability(q.device))
+        pv_fp8 = dispatch.default_pv_fp8(cap)
         accum_choices = FP8_PV_ACCUM if pv_fp8 else FP16_PV_ACCUM
         pv_accum_dtype = pv_accum_dtype or ("fp32+fp32" if pv_fp8 else "fp32")
     check_granularity(qk_quant_gran)
     if pv_accum_dtype not in accum_choices:
         raise ValueError(f"{fn_name}: pv_accum_dtype={pv_accum_dtype!r} is not supported; use one of {accum_choices}")
+    two_level, inner_fp16 = _PV_ACCUM[pv_accum_dtype]
+    return Plan(qk_quant_gran, pv_fp8, two_level, inner_fp16, bool(smooth_k), bool(smooth_v))
+
+
+def sageattn_plan(cap) -> Plan:
+    """The plan of `sageattn(q, k, v)` with its defaults (what the benchmark times kernel-only)."""
+    return resolve_plan("sageattn", cap, qk_quant_gran=SAGEATTN_GRAN, pv_fp8=None, pv_accum_dtype=None,
+                        accum_choices=None, smooth_k=True, smooth_v=False)
+
+
+def _attention(fn_name, q, k, v, *, tensor_layout, is_causal, sm_scale, qk_quant_gran, pv_fp8, pv_accum_dtype,
+               accum_choices, smooth_k, smooth_v, return_lse, attn_mask=None, dropout_p=0.0, compiled=False,
+               only_archs=None):
+    """See `resolve_plan` for pv_fp8, pv_accum_dtype and accum_choices. compiled: fn_name is a `_cuda` variant,
+    served by the CUDA extension once it is built for the GPU."""
+    b, hq, _, nq, nk = inputs.check_dense(q, k, v, tensor_layout)
+    plan = resolve_plan(fn_name, dispatch.capability(q.device), qk_quant_gran=qk_quant_gran, pv_fp8=pv_fp8,
+                        pv_accum_dtype=pv_accum_dtype, accum_choices=accum_choices, smooth_k=smooth_k,
+                        smooth_v=smooth_v)
     inputs.check_dropout(dropout_p)
     scale = inputs.resolve_sm_scale(sm_scale, q.shape[-1])
     mask = inputs.expand_mask(attn_mask, q, (b, hq, nq, nk))
-    dispatch.check_supported(q.device, needs_fp8=pv_fp8, only=only_archs)
-    two_level, inner_fp16 = _PV_ACCUM[pv_accum_dtype]
-    inner_fp16 = inner_fp16 and pv_fp8
-    out, lse = ops.run_attention(q, k, v, mask, tensor_layout, bool(is_causal), scale, qk_quant_gran, pv_fp8,
-                                 two_level, inner_fp16, bool(smooth_k), bool(smooth_v), bool(return_lse),
-                                 fn_name if compiled else "")
+    dispatch.check_supported(q.device, needs_fp8=plan.pv_fp8, only=only_archs)
+    out, lse = ops.run_attention(q, k, v, mask, tensor_layout, bool(is_causal), scale, *dataclasses.astuple(plan),
+                                 bool(return_lse), fn_name if compiled else "")
     return (out, lse) if return_lse else out
 
 

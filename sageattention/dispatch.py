@@ -6,6 +6,8 @@ built for once they exist; until then the `_cuda` variants run the same algorith
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .inputs import interpreting
@@ -13,6 +15,7 @@ from .inputs import interpreting
 # Compute capabilities the Triton kernels are built and tuned for (INT8 tensor cores: sm80+).
 SUPPORTED = {(8, 0), (8, 6), (8, 7), (8, 9), (9, 0), (10, 0), (10, 3), (12, 0), (12, 1)}
 FP8_MIN = (8, 9)  # FP8 tensor cores: Ada and newer
+TMA_MIN = (9, 0)  # the tensor memory accelerator: Hopper and newer
 
 
 def _names(caps) -> str:
@@ -23,7 +26,13 @@ def capability(device: torch.device):
     """(major, minor) of a CUDA device; None under Triton's CPU interpreter."""
     if device.type != "cuda" and interpreting():
         return None
-    return torch.cuda.get_device_capability(device)
+    return _cuda_capability(torch.cuda.current_device() if device.index is None else device.index)
+
+
+@functools.cache
+def _cuda_capability(index: int):
+    # Every call asks several times (P·V default, support check, TMA); a device's answer never changes.
+    return torch.cuda.get_device_capability(index)
 
 
 def check_supported(device: torch.device, needs_fp8: bool = False, only=None):
@@ -48,6 +57,7 @@ def default_pv_fp8(cap) -> bool:
     return cap is None or cap >= FP8_MIN
 
 
+@functools.cache
 def cuda_extension_archs() -> frozenset:
     """Architectures the compiled extension was built for (empty until csrc/ kernels exist)."""
     try:

@@ -15,8 +15,10 @@ _warned: set = set()
 
 def note_cuda_fallback(variant: str, device: torch.device) -> None:
     """The `_cuda` variants run on Triton until the CUDA extension serves this GPU: say so once."""
+    if not variant or variant in _warned:
+        return
     cap = capability(device)
-    if not variant or cap is None or cap in cuda_extension_archs() or variant in _warned:
+    if cap is None or cap in cuda_extension_archs():
         return
     _warned.add(variant)
     warnings.warn(

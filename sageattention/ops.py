@@ -5,6 +5,7 @@ from typing import Optional
 import torch
 
 from . import forward
+from .inputs import to_hnd
 from .triton.pipeline import Plan
 
 
@@ -27,7 +28,7 @@ def _attention_fake(q, k, v, attn_mask, tensor_layout, is_causal, sm_scale, qk_q
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if not return_lse:
         return out, q.new_empty((0,), dtype=torch.float32)
-    b, h, n = (q.shape[0], q.shape[1], q.shape[2]) if tensor_layout == "HND" else (q.shape[0], q.shape[2], q.shape[1])
+    b, h, n, _ = to_hnd(q, tensor_layout).shape
     return out, q.new_empty((b, h, n), dtype=torch.float32)
 
 

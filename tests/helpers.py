@@ -6,7 +6,6 @@ so the GPU tests and their CPU rehearsals share one implementation of every chec
 from __future__ import annotations
 
 import functools
-import inspect
 from dataclasses import dataclass, field
 
 import pytest
@@ -14,22 +13,13 @@ import torch
 
 import sageattention as sa
 from sageattention import core, dispatch, reference
+from sageattention.inputs import to_hnd
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 LAYOUTS = ("HND", "NHD")
 
 
 # ---------------------------------------------------------------- inputs
-
-def hnd(x: torch.Tensor, layout: str) -> torch.Tensor:
-    """[B, H, N, D] view of a tensor in `layout`."""
-    return x if layout == "HND" else x.transpose(1, 2)
-
-
-def from_hnd(x: torch.Tensor, layout: str) -> torch.Tensor:
-    """A tensor in `layout` (a view, non-contiguous for NHD) from an HND tensor."""
-    return x if layout == "HND" else x.transpose(1, 2)
-
 
 def make_qkv(*, b=1, hq=2, hk=None, nq=64, nk=None, d=64, dtype=torch.float16, layout="HND", seed=0,
              device=DEVICE, strided=False, contiguous=False, k_bias=0.0, q_outlier=0.0, n_outliers=4):
@@ -54,7 +44,7 @@ def make_qkv(*, b=1, hq=2, hk=None, nq=64, nk=None, d=64, dtype=torch.float16, l
             x = torch.cat([x, pad], dim=-1)
         x = x.to(device=device, dtype=dtype)
         x = x[..., :d] if strided else x
-        x = from_hnd(x, layout)
+        x = to_hnd(x, layout)
         out.append(x.contiguous() if contiguous else x)
     return tuple(out)
 
@@ -109,29 +99,26 @@ TOL = {
 
 # ---------------------------------------------------------------- oracles
 
-_REF_PARAMS = inspect.signature(reference.sage_attention_reference).parameters
-
-
 def reference_out(q, k, v, layout="HND", *, pv="fp16", gran="per_thread", p_scale=None, **kw):
     """sage_attention_reference on layout tensors; returns (out in layout, lse).
 
-    p_scale: the FP8 stretch of P (448, or 1 with an fp16 per-block accumulator), where the reference models it."""
-    if p_scale is not None and "p_scale" in _REF_PARAMS:
+    p_scale: the FP8 stretch of P (448, or 1 with an fp16 per-block accumulator)."""
+    if p_scale is not None:
         kw["p_scale"] = p_scale
-    out, lse = reference.sage_attention_reference(hnd(q, layout).cpu(), hnd(k, layout).cpu(), hnd(v, layout).cpu(),
-                                                  pv_dtype=pv, qk_quant_gran=gran, **kw)
-    return from_hnd(out, layout), lse
+    q, k, v = (to_hnd(t, layout).cpu() for t in (q, k, v))
+    out, lse = reference.sage_attention_reference(q, k, v, pv_dtype=pv, qk_quant_gran=gran, **kw)
+    return to_hnd(out, layout), lse
 
 
 def fp64_out(q, k, v, layout="HND", **kw):
     """float64 attention on layout tensors; returns (out fp64 in layout, lse fp64)."""
-    out, lse = reference.attention_fp64(hnd(q, layout).cpu(), hnd(k, layout).cpu(), hnd(v, layout).cpu(), **kw)
-    return from_hnd(out, layout), lse
+    out, lse = reference.attention_fp64(*(to_hnd(t, layout).cpu() for t in (q, k, v)), **kw)
+    return to_hnd(out, layout), lse
 
 
 def sdpa_fp32(q, k, v, layout="HND", *, is_causal=False, attn_mask=None, sm_scale=None):
     """fp32 SDPA on .float() inputs with an explicit bottom-right causal mask; returns (out fp32 layout, lse)."""
-    qh, kh, vh = (hnd(t, layout).float() for t in (q, k, v))
+    qh, kh, vh = (to_hnd(t, layout).float() for t in (q, k, v))
     nq, nk = qh.shape[2], kh.shape[2]
     rep = qh.shape[1] // kh.shape[1]
     kh, vh = kh.repeat_interleave(rep, 1), vh.repeat_interleave(rep, 1)
@@ -144,7 +131,7 @@ def sdpa_fp32(q, k, v, layout="HND", *, is_causal=False, attn_mask=None, sm_scal
     scale = qh.shape[-1] ** -0.5 if sm_scale is None else sm_scale
     out = torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, attn_mask=bias, scale=scale)
     lse = torch.logsumexp(qh @ kh.transpose(-1, -2) * scale + bias, dim=-1)
-    return from_hnd(out, layout), lse
+    return to_hnd(out, layout), lse
 
 
 # ---------------------------------------------------------------- the public functions
@@ -175,7 +162,7 @@ class Variant:
 
 def _variants():
     return [
-        Variant("sageattn", sa.sageattn, sageattn_pv(), getattr(core, "SAGEATTN_GRAN", "per_thread"), mask=True),
+        Variant("sageattn", sa.sageattn, sageattn_pv(), core.SAGEATTN_GRAN, mask=True),
         Variant("fp16_triton", sa.sageattn_qk_int8_pv_fp16_triton, "fp16", "per_block", mask=True),
         Variant("fp16_cuda-fp32", sa.sageattn_qk_int8_pv_fp16_cuda, "fp16", kwargs={"pv_accum_dtype": "fp32"}),
         Variant("fp16_cuda-fp16+fp32", sa.sageattn_qk_int8_pv_fp16_cuda, "fp16", "per_warp",

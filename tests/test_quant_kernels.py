@@ -5,7 +5,8 @@ import torch
 from sageattention import reference
 from sageattention.quant_groups import GRANULARITIES, K_BLOCK, k_grouping, q_grouping
 from sageattention.triton import quant
-from tests.helpers import DEVICE, hnd, make_qkv
+from sageattention.inputs import to_hnd
+from tests.helpers import make_qkv
 
 SHAPES = [  # (heads, tokens, head_dim): tokens not a multiple of any block, odd head_dims
     (2, 100, 64),
@@ -30,14 +31,14 @@ def _assert_int8_matches(x_hnd, grouping, mean=None, seg=None, ref_mean=None):
 @pytest.mark.parametrize("h,n,d", SHAPES)
 def test_int8_q_exact(gran, layout, h, n, d):
     q = make_qkv(b=2, hq=h, nq=n, d=d, layout=layout, seed=n + d, strided=layout == "HND")[0]
-    _assert_int8_matches(hnd(q, layout), q_grouping(gran))
+    _assert_int8_matches(to_hnd(q, layout), q_grouping(gran))
 
 
 @pytest.mark.parametrize("gran", GRANULARITIES)
 @pytest.mark.parametrize("layout", ["HND", "NHD"])
 @pytest.mark.parametrize("h,n,d", SHAPES)
 def test_int8_k_smoothed_exact(gran, layout, h, n, d):
-    k = hnd(make_qkv(b=2, hq=h, nq=n, d=d, layout=layout, seed=n * d, k_bias=5.0)[1], layout)
+    k = to_hnd(make_qkv(b=2, hq=h, nq=n, d=d, layout=layout, seed=n * d, k_bias=5.0)[1], layout)
     mean = reference.token_mean(k).to(k.device)
     _assert_int8_matches(k, k_grouping(gran), mean, ref_mean=mean)
 
@@ -64,7 +65,7 @@ def test_int8_values_use_full_range_and_zero_groups():
 @pytest.mark.parametrize("layout", ["HND", "NHD"])
 @pytest.mark.parametrize("h,n,d", SHAPES)
 def test_fp8_v_exact(smooth_v, layout, h, n, d):
-    v = hnd(make_qkv(b=2, hq=h, nq=n, d=d, layout=layout, seed=n + 3 * d)[2], layout) * 3 + 1
+    v = to_hnd(make_qkv(b=2, hq=h, nq=n, d=d, layout=layout, seed=n + 3 * d)[2], layout) * 3 + 1
     mean = v.mean(dim=2, dtype=torch.float32).contiguous() if smooth_v else None
     vt, scale = quant.quantize_v_fp8(v, mean)
     want, want_scale = reference.quantize_v_fp8(v.cpu(), None if mean is None else mean[:, :, None, :].cpu())

@@ -10,10 +10,10 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from .. import dispatch
 from .fp8 import INTERPRET, to_e4m3
 
 LOG2E = 1.4426950408889634
-FP8_MAX = 448.0
 MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
 
 
@@ -30,13 +30,13 @@ def _load_k(K, k_row0, kv_bh, start_n, offs_n, in_n, offs_d,
 
 
 @triton.jit
-def _load_v_half(V, v_off, stride_vn, stride_vd, bb, hk, start_n, offs_n, in_n, HALF: tl.constexpr,
-                 HK: tl.constexpr, D: tl.constexpr, DH: tl.constexpr, BLOCK_N: tl.constexpr,
+def _load_v_half(V, v_off, stride_vn, stride_vd, bb, hk, kv_bh, start_n, offs_n, in_n, HALF: tl.constexpr,
+                 D: tl.constexpr, DH: tl.constexpr, BLOCK_N: tl.constexpr,
                  PV_FP8: tl.constexpr, TMA: tl.constexpr):
     """Columns [HALF * DH, (HALF + 1) * DH) of the V tile [BLOCK_N, D]; v_off: where this sequence starts in V."""
     if TMA:
         if PV_FP8:  # descriptor over V^T [B * HK, D, Nk]
-            v = tl.trans(V.load([bb * HK + hk, HALF * DH, start_n]).reshape(DH, BLOCK_N))
+            v = tl.trans(V.load([kv_bh, HALF * DH, start_n]).reshape(DH, BLOCK_N))
         else:  # over V [B, HK, Nk, D]
             v = V.load([bb, hk, start_n, HALF * DH]).reshape(BLOCK_N, DH)
     else:
@@ -63,16 +63,16 @@ def _pv(acc, alpha, p_lo, v, PV_TWO_LEVEL: tl.constexpr, PV_INNER_FP16: tl.const
 
 @triton.jit
 def _attn_block(
-    acc0, acc1, l_i, m_i, q, q_scale, K, k_row0, KS_base, V, v_off, stride_vn, stride_vd, bb, hk,
+    acc0, acc1, l_i, m_i, q, q_scale, K, k_row0, KS_base, V, v_off, stride_vn, stride_vd, bb, hk, kv_bh,
     M_base, stride_mm, stride_mn, offs_m, offs_d, start_n, k_off, nq, nk, causal_offset,
-    HK: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
+    D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
     IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, PV_FP8: tl.constexpr, PV_TWO_LEVEL: tl.constexpr,
     PV_INNER_FP16: tl.constexpr, EXACT_ROUND: tl.constexpr, LOG2_P_SCALE: tl.constexpr, K_SCALAR: tl.constexpr,
     TMA: tl.constexpr,
 ):
     offs_n = start_n + tl.arange(0, BLOCK_N)
     in_n = offs_n < nk
-    k = _load_k(K, k_row0, bb * HK + hk, start_n, offs_n, in_n, offs_d, D, D_PAD, BLOCK_N, TMA)
+    k = _load_k(K, k_row0, kv_bh, start_n, offs_n, in_n, offs_d, D, D_PAD, BLOCK_N, TMA)
     qk = tl.dot(q, tl.trans(k), out_dtype=tl.int32)
     # Exact int32 -> fp32 for |x| < 2**22 (always true: |x| <= 127 * 127 * 256): the integer add puts x in the
     # mantissa of 1.5 * 2**23, which the dequantization subtracts again; no conversion instruction, which
@@ -105,13 +105,15 @@ def _attn_block(
     # P·V in two column halves: each half's block product needs half the registers of the whole, which
     # keeps the two-level accumulation from spilling.
     DH: tl.constexpr = D_PAD // 2
-    v = _load_v_half(V, v_off, stride_vn, stride_vd, bb, hk, start_n, offs_n, in_n, 0, HK, D, DH, BLOCK_N, PV_FP8, TMA)
+    v = _load_v_half(V, v_off, stride_vn, stride_vd, bb, hk, kv_bh, start_n, offs_n, in_n, 0, D, DH, BLOCK_N,
+                     PV_FP8, TMA)
     if PV_FP8:
         p_lo = to_e4m3(p, EXACT_ROUND)
     else:
         p_lo = p.to(v.dtype)
     acc0 = _pv(acc0, alpha, p_lo, v, PV_TWO_LEVEL, PV_INNER_FP16)
-    v = _load_v_half(V, v_off, stride_vn, stride_vd, bb, hk, start_n, offs_n, in_n, 1, HK, D, DH, BLOCK_N, PV_FP8, TMA)
+    v = _load_v_half(V, v_off, stride_vn, stride_vd, bb, hk, kv_bh, start_n, offs_n, in_n, 1, D, DH, BLOCK_N,
+                     PV_FP8, TMA)
     acc1 = _pv(acc1, alpha, p_lo, v, PV_TWO_LEVEL, PV_INNER_FP16)
     return acc0, acc1, l_i, m_new
 
@@ -186,8 +188,9 @@ def _attn_fwd(
     q_rows = (bb * H + h) * nq_all + q_off + offs_m
     q = tl.load(Q + q_rows[:, None] * D + offs_d[None, :], mask=in_m[:, None] & (offs_d[None, :] < D), other=0)
     q_scale = tl.load(QS + q_rows, mask=in_m, other=0.0) * sm_scale_log2
-    k_row0 = (bb * HK + hk) * nk_all + k_off
-    KS_base = KS + (bb * HK + hk) * nk_all
+    kv_bh = bb * HK + hk  # this K/V head's index in [B * HK]
+    k_row0 = kv_bh * nk_all + k_off
+    KS_base = KS + kv_bh * nk_all
     v_off = bb * stride_vb + hk * stride_vh + k_off * stride_vn
     M_base = M + b * stride_mb + h * stride_mh
 
@@ -207,19 +210,19 @@ def _attn_fwd(
     full = (full // BLOCK_N) * BLOCK_N
     for start_n in range(0, full, BLOCK_N):
         acc0, acc1, l_i, m_i = _attn_block(
-            acc0, acc1, l_i, m_i, q, q_scale, K, k_row0, KS_base, V, v_off, stride_vn, stride_vd, bb, hk,
+            acc0, acc1, l_i, m_i, q, q_scale, K, k_row0, KS_base, V, v_off, stride_vn, stride_vd, bb, hk, kv_bh,
             M_base, stride_mm, stride_mn, offs_m, offs_d, start_n, k_off, nq, nk, causal_offset,
-            HK, D, D_PAD, BLOCK_N, False, IS_CAUSAL, MASK_KIND, PV_FP8, PV_TWO_LEVEL, PV_INNER_FP16, EXACT_ROUND,
+            D, D_PAD, BLOCK_N, False, IS_CAUSAL, MASK_KIND, PV_FP8, PV_TWO_LEVEL, PV_INNER_FP16, EXACT_ROUND,
             LOG2_P_SCALE, K_SCALAR, TMA)
     for start_n in range(full, hi, BLOCK_N):
         acc0, acc1, l_i, m_i = _attn_block(
-            acc0, acc1, l_i, m_i, q, q_scale, K, k_row0, KS_base, V, v_off, stride_vn, stride_vd, bb, hk,
+            acc0, acc1, l_i, m_i, q, q_scale, K, k_row0, KS_base, V, v_off, stride_vn, stride_vd, bb, hk, kv_bh,
             M_base, stride_mm, stride_mn, offs_m, offs_d, start_n, k_off, nq, nk, causal_offset,
-            HK, D, D_PAD, BLOCK_N, True, IS_CAUSAL, MASK_KIND, PV_FP8, PV_TWO_LEVEL, PV_INNER_FP16, EXACT_ROUND,
+            D, D_PAD, BLOCK_N, True, IS_CAUSAL, MASK_KIND, PV_FP8, PV_TWO_LEVEL, PV_INNER_FP16, EXACT_ROUND,
             LOG2_P_SCALE, K_SCALAR, TMA)
 
     o_rows = O + bb * stride_ob + h * stride_oh + (q_off + offs_m) * stride_on
-    vs_off = (bb * HK + hk) * D
+    vs_off = kv_bh * D
     _store_half(acc0, l_i, VS, VM, o_rows, vs_off, in_m, 0, D, DH, PV_FP8, HAS_VM)
     _store_half(acc1, l_i, VS, VM, o_rows, vs_off, in_m, 1, D, DH, PV_FP8, HAS_VM)
     if RETURN_LSE:
@@ -233,13 +236,13 @@ def _aligned(t: torch.Tensor) -> bool:
     return t.data_ptr() % 16 == 0 and all(st * t.element_size() % 16 == 0 for st in t.stride()[:-1])
 
 
-def _descriptors(k_i8: torch.Tensor, v: torch.Tensor, pv_fp8: bool, nk: int):
+def _descriptors(k_i8: torch.Tensor, v: torch.Tensor, pv_fp8: bool):
     """TMA descriptors for K [B * HK, Nk, D] and V ([B * HK, D, Nk] over the FP8 V^T, else [B, HK, Nk, D]), or
     None where TMA cannot read them. Block shapes are set per config by `_set_block_shapes`."""
     b, hk, n, d = k_i8.shape
     k3 = k_i8.view(b * hk, n, d)
     # V^T [B, HK, D, N_PAD]: the descriptor stops at Nk, so TMA zero-fills the padding tokens.
-    v_view, v_shape = (v.view(b * hk, d, v.shape[3]), [b * hk, d, nk]) if pv_fp8 else (v, list(v.shape))
+    v_view, v_shape = (v.view(b * hk, d, v.shape[3]), [b * hk, d, n]) if pv_fp8 else (v, list(v.shape))
     if not (_aligned(k3) and _aligned(v_view)):
         return None
     return (TensorDescriptor(k3, list(k3.shape), list(k3.stride()), [1, 1, 1]),
@@ -247,14 +250,15 @@ def _descriptors(k_i8: torch.Tensor, v: torch.Tensor, pv_fp8: bool, nk: int):
 
 
 def _use_tma(device: torch.device) -> bool:
-    """Hopper and Blackwell copy tiles with TMA; the interpreter runs the same path on CPU."""
-    return INTERPRET or (device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9)
+    """Hopper and newer copy tiles with TMA; the interpreter runs the same path on CPU."""
+    cap = dispatch.capability(device)
+    return cap is None or cap >= dispatch.TMA_MIN
 
 
 def attention(
     q_i8, q_scale, k_i8, k_scale, v, *, v_scale=None, v_mean=None,
     out_layout_view, sm_scale: float, is_causal: bool, mask=None, pv_two_level: bool, pv_inner_fp16: bool,
-    return_lse: bool, k_scalar: bool, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, tma=None,
+    return_lse: bool, k_scalar: bool, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
 ):
     """Run the kernel. q_i8 [B, H, Nq, D] / k_i8 [B, HK, Nk, D] int8 contiguous with per-token scales;
     v: 16-bit [B, HK, Nk, D] (any strides, last dim contiguous) or FP8 V^T [B, HK, D, N_PAD] (v_scale set).
@@ -262,9 +266,9 @@ def attention(
     mask: None, bool or additive tensor already expanded to [B, H, Nq, Nk].
     k_scalar: K scales are constant over runs of K_BLOCK keys (per-block/per-warp), so each key tile of at most
     K_BLOCK keys has one scale (not so for packed varlen batches, whose tiles start anywhere).
-    tma: None (default) reads K and V through TMA descriptors on sm90+ (and under the interpreter) where the
-    batch is dense and the strides 16-byte aligned; False always reads through pointers. Packed varlen batches
-    use pointers: their tiles may run into the next sequence, which must read as 0.
+    K and V are read through TMA descriptors on sm90+ (and under the interpreter) where the batch is dense and the
+    strides are 16-byte multiples, else through pointers. Packed varlen batches use pointers: their tiles may run
+    into the next sequence, which must read as 0.
     Returns lse [B, H, Nq] or None."""
     b, h, nq_all, d = q_i8.shape
     hk, nk_all = k_i8.shape[1], k_i8.shape[2]
@@ -274,9 +278,7 @@ def attention(
     else:
         sv = (v.stride(0), v.stride(1), v.stride(2), 1)
     varlen = cu_seqlens_q is not None
-    if tma is None:
-        tma = _use_tma(q_i8.device)
-    descriptors = _descriptors(k_i8, v, pv_fp8, nk_all) if tma and not varlen else None
+    descriptors = _descriptors(k_i8, v, pv_fp8) if _use_tma(q_i8.device) and not varlen else None
     k_arg, v_arg = descriptors or (k_i8, v)
     n_batch = cu_seqlens_q.numel() - 1 if varlen else b
     max_q = max_seqlen_q if varlen else nq_all
