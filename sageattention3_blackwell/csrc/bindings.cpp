@@ -73,7 +73,7 @@ std::vector<torch::Tensor> attention(const torch::Tensor& q_codes, const torch::
                                      const torch::Tensor& v_codes, const torch::Tensor& v_scales,
                                      const c10::optional<torch::Tensor>& q_bias, int64_t n_k, double sm_scale,
                                      bool causal) {
-  TORCH_CHECK(q_codes.is_cuda(), "q_codes must be a contiguous CUDA tensor");
+  TORCH_CHECK(q_codes.is_cuda(), "q_codes must be a CUDA tensor");
   const AttentionKernel kernel = attention_kernel_for(q_codes.get_device());
   TORCH_CHECK(q_codes.dim() == 4 && k_codes.dim() == 4, "q_codes and k_codes must be 4-D, got shapes ",
               str(q_codes.sizes()), " and ", str(k_codes.sizes()));

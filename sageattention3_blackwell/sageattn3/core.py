@@ -72,6 +72,7 @@ def sageattn3_blackwell(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_
     if not return_lse:
         return out
     # K smoothing removed q . mean(K) from every score of a row; the logsumexp must include it.
-    group = q.shape[1] // k.shape[1]
-    shift = (q.float() @ qi.k_mean[..., :q.shape[3]].repeat_interleave(group, dim=1).transpose(2, 3))[..., 0]
+    b, h, n, d = q.shape
+    h_kv = k.shape[1]  # the query heads of one K/V head are consecutive: multiply them as one batch
+    shift = (q.reshape(b, h_kv, -1, d).float() @ qi.k_mean[..., :d].transpose(2, 3)).reshape(b, h, n)
     return out, lse + scale * shift

@@ -3,6 +3,8 @@
 Codes are packed two per byte, the element with the lower index in the low nibble (the order
 that `tl.dot_scaled` and the PTX e2m1x2 conversions use).
 """
+import functools
+
 import torch
 
 GROUP = 16  # elements sharing one e4m3 scale
@@ -32,9 +34,13 @@ def encode_e2m1(x: torch.Tensor) -> torch.Tensor:
 
 def decode_e2m1(code: torch.Tensor) -> torch.Tensor:
     """e2m1 codes (uint8, 0..15) to float32."""
-    lut = torch.tensor(E2M1_MAGNITUDES, dtype=torch.float32, device=code.device)
-    mag = lut[(code & 7).long()]
+    mag = _magnitudes(code.device)[(code & 7).long()]
     return torch.where((code & 8) > 0, -mag, mag)
+
+
+@functools.cache
+def _magnitudes(device: torch.device) -> torch.Tensor:
+    return torch.tensor(E2M1_MAGNITUDES, dtype=torch.float32, device=device)
 
 
 def pack_nibbles(code: torch.Tensor) -> torch.Tensor:
@@ -48,10 +54,23 @@ def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
     return torch.stack((packed & 15, packed >> 4), dim=-1).reshape(*packed.shape[:-1], -1)
 
 
+def _groups(x: torch.Tensor) -> torch.Tensor:
+    """[..., n] -> [..., n/16, 16] view."""
+    return x.reshape(*x.shape[:-1], -1, GROUP)
+
+
 def group_scales(x: torch.Tensor) -> torch.Tensor:
     """One e4m3 scale per 16 elements of the last dim: amax / 6, rounded to nearest even, clamped to 448."""
-    amax = x.float().reshape(*x.shape[:-1], -1, GROUP).abs().amax(dim=-1)
+    amax = _groups(x.float()).abs().amax(dim=-1)
     return (amax / E2M1_MAX).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+def encode(x: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """Packed codes (uint8 [..., n/2]) of x [..., n] divided by its group scales [..., n/16] (any float dtype)."""
+    s = scales.float()[..., None]
+    # A zero scale means the whole group rounds to zero; avoid 0/0.
+    scaled = torch.where(s > 0, _groups(x.float()) / torch.where(s > 0, s, 1.0), 0.0)
+    return pack_nibbles(encode_e2m1(scaled).flatten(-2))
 
 
 def quantize(x: torch.Tensor):
@@ -59,13 +78,10 @@ def quantize(x: torch.Tensor):
     if x.shape[-1] % GROUP:
         raise ValueError(f"the quantized dim must be a multiple of {GROUP}, got {x.shape[-1]}")
     scales = group_scales(x)
-    s = scales.float().repeat_interleave(GROUP, dim=-1)
-    # A zero scale means the whole group rounds to zero; avoid 0/0.
-    scaled = torch.where(s > 0, x.float() / torch.where(s > 0, s, 1.0), 0.0)
-    return pack_nibbles(encode_e2m1(scaled)), scales
+    return encode(x, scales), scales
 
 
 def dequantize(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """Inverse of `quantize` (up to rounding): float32 [..., n]."""
-    values = decode_e2m1(unpack_nibbles(packed))
-    return values * scales.float().repeat_interleave(GROUP, dim=-1)
+    """Inverse of `encode`/`quantize` (up to rounding): float32 [..., n]."""
+    values = _groups(decode_e2m1(unpack_nibbles(packed)))
+    return (values * scales.float()[..., None]).flatten(-2)

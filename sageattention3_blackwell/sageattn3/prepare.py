@@ -76,8 +76,9 @@ def quantize_inputs(q, k, v, per_block_mean: bool = True) -> QuantizedInputs:
         means = means / _tokens_per_block(qf.shape[2], n_q, q.device)[:, None]
         valid = (torch.arange(qf.shape[2], device=q.device) < n_q)[:, None]
         qf = qf - means.repeat_interleave(Q_BLOCK, dim=2) * valid
-        group = q.shape[1] // k.shape[1]
-        q_bias = means @ k_smooth.repeat_interleave(group, dim=1).transpose(2, 3)
+        b, h, blocks = means.shape[:3]
+        h_kv = k.shape[1]  # the query heads of one K/V head are consecutive: multiply them as one batch
+        q_bias = (means.reshape(b, h_kv, -1, dp) @ k_smooth.transpose(2, 3)).reshape(b, h, blocks, -1)
 
     q_codes, q_scales = nvfp4.quantize(qf)
     k_codes, k_scales = nvfp4.quantize(k_smooth)

@@ -7,7 +7,7 @@ import torch
 
 from sage3_metrics import cosine, poisoned_empty, rel_l1, sdpa_float64
 from sageattn3 import sageattn3_blackwell, triton_attn
-from sageattn3.dispatch import EMULATION_ENV, SUPPORTED_CAPABILITIES
+from sageattn3.dispatch import EMULATION_ENV
 from sageattn3.prepare import quantize_inputs
 from sageattn3.reference import attention_reference
 
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.gpu
 
 
 def _is_blackwell() -> bool:
-    return torch.cuda.get_device_capability() in SUPPORTED_CAPABILITIES
+    return triton_attn.has_native_nvfp4_mma(torch.device("cuda"))
 
 
 def _inputs(b, h, h_kv, n_q, n_k, d, dtype=torch.bfloat16, seed=0):
@@ -112,6 +112,9 @@ def test_cuda_extension_loads_and_refuses_other_gpus(monkeypatch):
     monkeypatch.setenv(EMULATION_ENV, "1")
     with pytest.raises(RuntimeError, match="backend='cuda' needs sm_100/sm_120/sm_121"):
         sageattn3_blackwell(*_inputs(1, 2, 2, 128, 128, 128), backend="cuda")
+    with pytest.raises(RuntimeError, match="no kernel image"):  # built for sm_100a/sm_120a only
+        _C.quantize(torch.randn(4, 32, device="cuda"))
+        torch.cuda.synchronize()
     # Called directly with well-formed operands, the bindings refuse this GPU before launching anything.
     qi = quantize_inputs(*_inputs(1, 2, 2, 128, 128, 128))
     with pytest.raises(RuntimeError, match="need sm_100 or sm_120/sm_121, got sm_"):

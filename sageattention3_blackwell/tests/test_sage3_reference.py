@@ -48,21 +48,20 @@ def test_q_smoothing_recovers_accuracy_on_offset_inputs():
 def _best_scale_nvfp4(x: torch.Tensor) -> torch.Tensor:
     """NVFP4 round trip of x along its last dim with the best float32 scale per 16 elements, searched over
     amax/6 * 2^(i/8) for i in -11..1: a bound on what any choice of group scales could reach."""
-    groups = x.reshape(*x.shape[:-1], -1, nvfp4.GROUP)
-    amax = groups.abs().amax(dim=-1, keepdim=True).clamp_min(1e-30)
+    amax = x.reshape(*x.shape[:-1], -1, nvfp4.GROUP).abs().amax(dim=-1)
     best, best_err = None, None
     for i in range(-11, 2):
         scale = amax / nvfp4.E2M1_MAX * 2 ** (i / 8)
-        y = nvfp4.decode_e2m1(nvfp4.encode_e2m1(groups / scale)) * scale
-        err = (y - groups).pow(2).sum(dim=-1, keepdim=True)
+        y = nvfp4.dequantize(nvfp4.encode(x, scale), scale)
+        err = (y - x).pow(2).reshape(scale.shape + (nvfp4.GROUP,)).sum(dim=-1).repeat_interleave(nvfp4.GROUP, dim=-1)
         best = y if best is None else torch.where(err < best_err, y, best)
         best_err = err if best_err is None else torch.minimum(err, best_err)
-    return best.reshape(x.shape)
+    return best
 
 
 def test_gaussian_accuracy_is_at_the_nvfp4_bound():
     """The issue asks for cosine >= 0.99 on random inputs. On iid N(0, 1) inputs no choice of NVFP4 group scales
-    gets there: quantizing Q, K, P and V with the best float32 scale per group (searched) gives ~0.986. Our
+    gets there: quantizing Q, K, P and V with the best float32 scale per group (searched) gives 0.985. Our
     quantizers (amax / 6 in e4m3) must stay within 0.005 of that bound; model-like random inputs (per-channel
     offsets, test_q_smoothing_recovers_accuracy_on_offset_inputs) do reach >= 0.99."""
     q, k, v = (t.float() for t in _inputs(1, 4, 4, 256, 512, 128))
