@@ -110,13 +110,6 @@ def write_github_output(values: dict[str, str]) -> None:
         fh.writelines(f"{k}={v}\n" for k, v in values.items())
 
 
-def variant_named(package: str, name: str) -> Variant:
-    for v in load(package).variants:
-        if v.name == name:
-            return v
-    raise CIError(f"no {package} variant named {name!r}; `pixi run matrix --package {package} --profile PROFILE` lists them")
-
-
 def outputs(v: Variant, where: Path) -> tuple[list[Path], list[Path]]:
     """The wheels and conda packages under `where` that are builds of `v`."""
     wheels = [p for p in sorted(where.rglob("*.whl")) if is_wheel_named(v.wheel, p.name)]
@@ -232,7 +225,7 @@ def _run(args: argparse.Namespace) -> int:
             write_github_output(values)
         return 0
     if args.command == "check-build":
-        v = variant_named(args.package, args.variant)
+        v = load(args.package).named(args.variant)
         found = build_problems(v, args.dist)
         if found:
             print("\n".join(f"{v.name}: {p}" for p in found), file=sys.stderr)

@@ -54,12 +54,7 @@ class RehearsalError(RuntimeError):
 
 
 def chosen_variants() -> list[Variant]:
-    found = []
-    for package, name in VARIANTS.items():
-        match = [v for v in load(package).select(PROFILE, "linux-64") if v.name == name]
-        if not match:
-            raise RehearsalError(f"variant {name} is not in {package}'s profile {PROFILE}; update scripts/rehearse.py")
-        found.append(match[0])
+    found = [load(package).named(name, PROFILE, "linux-64") for package, name in VARIANTS.items()]
     # One stand-in channel serves both builds: they must agree on everything it provides.
     if len({(v.torch_version, v.cuda, v.python, tuple(sorted(v.toolchain.items()))) for v in found}) != 1:
         raise RehearsalError(f"{' and '.join(VARIANTS.values())} differ in torch, CUDA, Python or toolchain")

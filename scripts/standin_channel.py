@@ -409,10 +409,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cuda-home", type=Path, default=CUDA_HOME)
     args = parser.parse_args(argv)
     try:
-        found = [v for v in load(args.package).variants if v.name == args.variant and v.platform == "linux-64"]
-        if not found:
-            raise VariantError(f"{args.package} has no linux-64 variant {args.variant}")
-        channel, _ = make(found[0], args.work, args.downloads or args.work / "wheels", args.cuda_home)
+        variant = load(args.package).named(args.variant, platform="linux-64")
+        channel, _ = make(variant, args.work, args.downloads or args.work / "wheels", args.cuda_home)
     except (StandInError, VariantError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

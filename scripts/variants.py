@@ -142,6 +142,16 @@ class Matrix:
     min_cuda: str | None = None  # the package refuses older CUDA (sageattn3: 12.8)
     wheel_requires: dict[str, list[str]] = field(default_factory=dict)  # platform -> wheel-only Requires-Dist
 
+    def named(self, name: str, profile: str | None = None, platform: str | None = None) -> Variant:
+        """The variant called `name` (in `profile` and on `platform` when given); an error lists the choices."""
+        pool = self.variants if profile is None else self.select(profile, platform)
+        for v in pool:
+            if v.name == name and (platform is None or v.platform == platform):
+                return v
+        where = " ".join(filter(None, (platform, f"profile {profile!r}" if profile else None)))
+        raise VariantError(f"no {self.package} variant named {name!r}{' in ' + where if where else ''}; "
+                           f"`pixi run matrix --package {self.package} --profile PROFILE` lists them")
+
     def select(self, profile: str, platform: str | None = None) -> list[Variant]:
         if profile not in self.profiles:
             raise VariantError(f"unknown profile {profile!r} for {self.package}; "
@@ -172,13 +182,19 @@ def read(path: Path, definition: str) -> dict:
         data = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as exc:
         raise VariantError(f"{path}: cannot read variant data: {exc}") from exc
-    schema = yaml.safe_load((path.parent / "schema.yaml").read_text())
-    validator = jsonschema.Draft202012Validator({**schema, "$ref": f"#/$defs/{definition}"})
-    errors = sorted(validator.iter_errors(data), key=lambda e: list(e.absolute_path))
+    errors = sorted(_validator(path.parent / "schema.yaml", definition).iter_errors(data),
+                    key=lambda e: list(e.absolute_path))
     if errors:
         where = "/".join(str(p) for p in errors[0].absolute_path) or "(top level)"
         raise VariantError(f"{path.name}: bad variant data at {where}: {errors[0].message}")
     return data
+
+
+@cache
+def _validator(schema_file: Path, definition: str):
+    # One load() reads five files against this schema; parse it once per process.
+    schema = yaml.safe_load(schema_file.read_text())
+    return jsonschema.Draft202012Validator({**schema, "$ref": f"#/$defs/{definition}"})
 
 
 class _Facts:

@@ -169,8 +169,9 @@ def export(conda: Path, out_dir: Path, *, local_version: bool = False, manylinux
         if platform == "linux-64":
             make_portable(files)
         requires = requirements(index.get("depends", []), flavour, _wheel_requires(index["name"], platform))
-        draft = _write(Path(tmp), index, about, flavour, version, files, _PLATFORM_TAG[platform])
-        plat = platform_tag(draft, platform) if manylinux else _PLATFORM_TAG[platform]
+        plat = _PLATFORM_TAG[platform]
+        if manylinux and platform == "linux-64":  # auditwheel inspects a draft wheel for its manylinux tag
+            plat = platform_tag(_write(Path(tmp), index, about, flavour, version, files, plat), platform)
         out_dir.mkdir(parents=True, exist_ok=True)
         return _write(out_dir, index, about, flavour, version, files, plat, requires)
 

@@ -55,6 +55,12 @@ def test_every_variant_renders_and_none_is_skipped(rendered):
     assert [v.name for v, out in rendered.items() if out is None] == []
 
 
+def test_recipes_build_the_version_and_name_the_variants_file_says(rendered):
+    # variants/<package>.yaml versions the release (tags, wheel names); the recipe names the built package.
+    for v, out in rendered.items():
+        assert (out["recipe"]["package"]["name"], out["recipe"]["package"]["version"]) == (v.package, v.version)
+
+
 def test_build_strings_encode_cuda_torch_python_and_hash(rendered):
     for v, out in rendered.items():
         string = out["recipe"]["build"]["string"]
