@@ -175,18 +175,22 @@ def test_fp32_sdpa_check_on_cpu(var):
 @pytest.mark.parametrize("d", [64, 80, 72])
 def test_tma_and_pointer_loads_agree(var, d, monkeypatch):
     """K/V through TMA descriptors (sm90+, and the interpreter) and through pointers (older GPUs, varlen,
-    misaligned strides: d=72 int8 rows are not 16-byte multiples) give the same bits, padding included."""
+    misaligned strides: d=72 int8 rows are not 16-byte multiples) both match the reference, padding included;
+    under the interpreter (one tile config for both) they give the same bits. On a GPU the autotuner may pick
+    other tiles for each path, which sums in another order."""
     from sageattention.triton import attention as attn_kernel
 
     q, k, v = make_qkv(b=2, hq=4, hk=2, nq=70, nk=100, d=d, layout="NHD", seed=d)
     made = []
     descriptors = attn_kernel._descriptors
     monkeypatch.setattr(attn_kernel, "_descriptors", lambda *a: made.append(descriptors(*a)) or made[-1])
-    via_tma = var(q, k, v, "NHD", is_causal=True, return_lse=True)
+    check_variant_vs_reference(var, q, k, v, "NHD", is_causal=True, what="TMA loads")
     assert [m is not None for m in made] == ([d % 16 == 0] if attn_kernel._use_tma(q.device) else [])
+    via_tma = var(q, k, v, "NHD", is_causal=True, return_lse=True)
     monkeypatch.setattr(attn_kernel, "_use_tma", lambda device: False)
+    check_variant_vs_reference(var, q, k, v, "NHD", is_causal=True, what="pointer loads")
     via_pointers = var(q, k, v, "NHD", is_causal=True, return_lse=True)
-    for a, b in zip(via_tma, via_pointers):
-        assert torch.equal(a, b)
-    check_variant_vs_reference(var, q, k, v, "NHD", is_causal=True)
+    if DEVICE.type == "cpu":
+        for a, b in zip(via_tma, via_pointers):
+            assert torch.equal(a, b)
 
