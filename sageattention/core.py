@@ -1,7 +1,6 @@
 """The public API: upstream SageAttention 2.2's names, parameters and defaults, plus masks, GQA and LSE."""
 from __future__ import annotations
 
-import dataclasses
 
 import torch
 
@@ -68,7 +67,7 @@ def _attention(fn_name, q, k, v, *, tensor_layout, is_causal, sm_scale, qk_quant
     scale = inputs.resolve_sm_scale(sm_scale, q.shape[-1])
     mask = inputs.expand_mask(attn_mask, q, (b, hq, nq, nk))
     dispatch.check_supported(q.device, needs_fp8=plan.pv_fp8, only=only_archs)
-    out, lse = ops.run_attention(q, k, v, mask, tensor_layout, bool(is_causal), scale, *dataclasses.astuple(plan),
+    out, lse = ops.run_attention(q, k, v, mask, tensor_layout, bool(is_causal), scale, *plan.fields(),
                                  bool(return_lse), fn_name if compiled else "")
     return (out, lse) if return_lse else out
 
