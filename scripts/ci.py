@@ -48,10 +48,6 @@ class Decision:
     why: str
 
 
-def package_version(package: str) -> str:
-    return load(package).variants[0].version
-
-
 def release_of(tag: str) -> tuple[str, str]:
     """(package, version) that a release tag names."""
     suffixed = [p for p, r in RELEASES.items() if r.tag_suffix and tag.endswith(r.tag_suffix)]
@@ -71,11 +67,11 @@ def release_of(tag: str) -> tuple[str, str]:
 def release_variants(tag: str, platform: str | None = None) -> list[Variant]:
     """The variants whose wheels a release tag publishes (both platforms unless one is given)."""
     package, version = release_of(tag)
-    built = package_version(package)
-    if version != built:
-        raise CIError(f"tag {tag} says {package} {version}, but variants/{package}.yaml builds {built}; "
+    matrix = load(package)
+    if version != matrix.version:
+        raise CIError(f"tag {tag} says {package} {version}, but variants/{package}.yaml builds {matrix.version}; "
                       "move the tag or bump the version")
-    chosen = load(package).select(RELEASES[package].profile, platform)
+    chosen = matrix.select(RELEASES[package].profile, platform)
     return sorted(chosen, key=lambda v: (v.platform, Version(v.torch_version), Version(v.python)))
 
 

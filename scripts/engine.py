@@ -32,15 +32,18 @@ class LogTo:
     def on_download_complete(self, event) -> None: ...
 
 
-def build(recipe: str, platform: str, output_dir: str, variant: dict[str, str], channels: list[str]) -> None:
+def build(recipe: str, platform: str, output_dir: str, variant: dict[str, str], channels: list[str], *,
+          log=sys.stdout, test_strategy: str = "native", include_recipe: bool = True) -> None:
+    """Render and build every output of `recipe` for `platform` (note: unlike the CLI, the engine does not apply
+    `build.skip`; `scripts.variants.load` refuses the variants it would skip)."""
     from rattler_build import PlatformConfig, RenderConfig, Stage0Recipe, ToolConfiguration, VariantConfig
 
     config = VariantConfig({key: [value] for key, value in variant.items()})
     render_config = RenderConfig(platform=PlatformConfig(target_platform=platform))
     rendered = Stage0Recipe.from_file(recipe).render(config, render_config)
     for output in rendered:
-        output.run_build(tool_config=ToolConfiguration(test_strategy="native"), output_dir=output_dir,
-                         channels=channels, progress_callback=LogTo(sys.stdout))
+        output.run_build(tool_config=ToolConfiguration(test_strategy=test_strategy), output_dir=output_dir,
+                         channels=channels, no_include_recipe=not include_recipe, progress_callback=LogTo(log))
 
 
 if __name__ == "__main__":

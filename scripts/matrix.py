@@ -39,15 +39,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         variants = load(args.package).select(args.profile, args.platform)
+        rows = [v.to_json() for v in variants]
         if args.github_output:
             # One line per key; a job matrix can't be empty, so the workflow skips the build when count is 0.
-            write_github_output({"matrix": json.dumps([v.to_json() for v in variants], separators=(",", ":")),
+            write_github_output({"matrix": json.dumps(rows, separators=(",", ":")),
                                  "count": str(len(variants))})
     except (VariantError, CIError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.format == "json":
-        print(json.dumps([v.to_json() for v in variants], indent=2))
+        print(json.dumps(rows, indent=2))
     else:
         console().print(table(variants, f"{args.package} · profile {args.profile} · {len(variants)} variants"))
     return 0

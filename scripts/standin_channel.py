@@ -40,9 +40,8 @@ from pathlib import Path
 import yaml
 from packaging.utils import canonicalize_name
 from rattler.index import index_fs
-from rattler_build import Stage0Recipe, ToolConfiguration, VariantConfig
 
-from scripts.engine import LogTo
+from scripts import engine
 from scripts.variants import PACKAGES, ROOT, Variant, VariantError, load
 
 WORK = ROOT / ".cache" / "rehearsal"
@@ -203,7 +202,7 @@ def _pin(version: str, places: int = 1) -> str:
 
 def _interpreter(v: Variant, m: Machine) -> list[StandIn]:
     full = ".".join(map(str, sys.version_info[:3]))
-    cp = f"cp{v.python.replace('.', '')}"
+    cp = v.flavour.python_tag
     cfg = f"home = {m.python.parent}\ninclude-system-site-packages = false\nversion = {full}\n"
     return [
         StandIn("python", full, "standin_0_cpython", f"venv-style interpreter around {m.python}",
@@ -232,7 +231,7 @@ def _python_packages(v: Variant, tree: Path, dists: dict[str, Distribution]) -> 
         site = f"lib/python{v.python}/site-packages"
         return {f"{site}/{top}": str(tree / top) for top, owner in sorted(claimed.items()) if owner == package}
 
-    py = (f"python {_pin(v.python, 2)}", f"python_abi {v.python}.* *_cp{v.python.replace('.', '')}")
+    py = (f"python {_pin(v.python, 2)}", f"python_abi {v.python}.* *_{v.flavour.python_tag}")
     tag = f"py{v.python.replace('.', '')}_0"
     where = f"pip-installed from PyPI into {tree}"
     out = [StandIn(name, dists[name].version, f"standin_{tag}", f"{name} {dists[name].version}, {where}",
@@ -370,9 +369,8 @@ def build_channel(packages: list[StandIn], channel: Path, work: Path) -> Path:
             recipe.parent.mkdir(parents=True)
             recipe.write_text(yaml.safe_dump(pkg.recipe(stage), sort_keys=False))
             try:
-                for variant in Stage0Recipe.from_file(recipe).render(VariantConfig()):
-                    variant.run_build(tool_config=ToolConfiguration(), output_dir=out, channels=[],
-                                      no_include_recipe=True, progress_callback=LogTo(fh))
+                engine.build(str(recipe), "linux-64", str(out), {}, [], log=fh, test_strategy="skip",
+                             include_recipe=False)
             except Exception as exc:
                 raise StandInError(f"building stand-in {pkg.name}: {exc} (log: {log})") from exc
     partial = scratch / "channel"

@@ -136,6 +136,7 @@ class Unavailable:
 @dataclass
 class Matrix:
     package: str
+    version: str
     variants: list[Variant]
     unavailable: list[Unavailable]
     profiles: dict[str, dict]
@@ -262,7 +263,7 @@ def load(package: str, root: Path = VARIANTS_DIR) -> Matrix:
                 variants.extend(made)
     _check_unique(package, variants)
     profiles = {**spec["profiles"], **current["profiles"]}
-    matrix = Matrix(package, variants, unavailable, profiles, spec.get("min_cuda"), spec.get("wheel_requires", {}))
+    matrix = Matrix(package, spec["version"], variants, unavailable, profiles, spec.get("min_cuda"), spec.get("wheel_requires", {}))
     for name in profiles:
         if not matrix.select(name):
             raise VariantError(f"{package}: profile {name!r} selects no variant; check its select entries")

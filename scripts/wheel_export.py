@@ -135,10 +135,9 @@ def make_portable(files: dict[str, Path]) -> None:
         subprocess.run(["patchelf", "--set-rpath", ":".join(kept + [torch_lib]), str(path)], check=True)
 
 
-def platform_tag(wheel: Path, platform: str) -> str:
-    """manylinux_2_XX_x86_64 when auditwheel says the binary qualifies, else the plain platform tag."""
-    if platform != "linux-64":
-        return _PLATFORM_TAG[platform]
+def linux_platform_tag(wheel: Path) -> str:
+    """manylinux_2_XX_x86_64 when auditwheel says the linux-64 binary qualifies, else linux_x86_64."""
+    plain = _PLATFORM_TAG["linux-64"]
     from auditwheel.error import NonPlatformWheelError
     from auditwheel.wheel_abi import analyze_wheel_abi
 
@@ -146,10 +145,10 @@ def platform_tag(wheel: Path, platform: str) -> str:
         info = analyze_wheel_abi(None, None, wheel, AUDITWHEEL_EXCLUDE, disable_isa_ext_check=True,
                                  allow_graft=False)
     except NonPlatformWheelError:
-        return _PLATFORM_TAG[platform]
+        return plain
     # Without grafting, overall_policy already accounts for libraries the wheel would need from outside.
     name = info.overall_policy.name
-    return name if name.startswith("manylinux_") else _PLATFORM_TAG[platform]
+    return name if name.startswith("manylinux_") else plain
 
 
 def export(conda: Path, out_dir: Path, *, local_version: bool = False, manylinux: bool = True) -> Path:
@@ -171,7 +170,7 @@ def export(conda: Path, out_dir: Path, *, local_version: bool = False, manylinux
         requires = requirements(index.get("depends", []), flavour, _wheel_requires(index["name"], platform))
         plat = _PLATFORM_TAG[platform]
         if manylinux and platform == "linux-64":  # auditwheel inspects a draft wheel for its manylinux tag
-            plat = platform_tag(_write(Path(tmp), index, about, flavour, version, files, plat), platform)
+            plat = linux_platform_tag(_write(Path(tmp), index, about, flavour, version, files, plat))
         out_dir.mkdir(parents=True, exist_ok=True)
         return _write(out_dir, index, about, flavour, version, files, plat, requires)
 
