@@ -69,7 +69,7 @@ def tops(shape, ms: float) -> float:
     return flops / (ms * 1e-3) / 1e12
 
 
-def run(quick: bool, suites) -> list[dict]:
+def run(quick: bool, suites, only=None) -> list[dict]:
     plan = sageattn_plan(torch.cuda.get_device_capability())
     rows = []
     shapes = [s for gen in (fa3_shapes, long_shapes) for s in gen(quick) if s["suite"] in suites]
@@ -79,6 +79,8 @@ def run(quick: bool, suites) -> list[dict]:
                    for _ in range(3))
         row = dict(shape)
         for name, fn in methods(q, k, v, shape["causal"], plan).items():
+            if only and name not in only:
+                continue
             try:
                 ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
                 row[name] = round(tops(shape, ms), 1)
@@ -128,11 +130,12 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="a few shapes only")
     ap.add_argument("--suite", action="append", choices=("fa3", "b4h32"), help="default: both")
     ap.add_argument("--out", type=Path, default=RESULTS, help="directory for JSON, PNG and markdown")
+    ap.add_argument("--methods", help="comma-separated columns to time (default: all), e.g. 'sage e2e,sdpa cudnn bf16'")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench needs a CUDA GPU", file=sys.stderr)
         return 2
-    rows = run(args.quick, set(args.suite or ("fa3", "b4h32")))
+    rows = run(args.quick, set(args.suite or ("fa3", "b4h32")), args.methods and args.methods.split(","))
     names = [n for n in rows[0] if n not in ("suite", "b", "h", "n", "d", "causal")]
     device = torch.cuda.get_device_name()
     meta = dict(device=device, torch=torch.__version__, triton=triton.__version__, python=platform.python_version(),

@@ -9,7 +9,7 @@ from sageattention import reference
 from sageattention.inputs import to_hnd
 from tests.helpers import (
     DEVICE, MASK_VARIANTS, TOL, VARIANT_IDS, VARIANTS, assert_close, assert_lse_close, check_variant_vs_fp32,
-    check_variant_vs_reference, fp64_out, make_qkv, sdpa_fp32, skip_bf16_pv16, variant,
+    check_variant_vs_reference, fp64_out, make_qkv, reference_out, sdpa_fp32, skip_bf16_pv16, variant,
 )
 
 SAGEATTN = variant("sageattn")
@@ -194,3 +194,28 @@ def test_tma_and_pointer_loads_agree(var, d, monkeypatch):
         for a, b in zip(via_tma, via_pointers):
             assert torch.equal(a, b)
 
+
+
+@pytest.mark.parametrize("scale,redone", [(1.0, False), (300.0, True)])
+def test_coarse_exponent_offsets_are_redone(scale, redone, monkeypatch):
+    """With the one-FMA exponent, a program whose rows get an offset 1.5 * 2**23 * c + e on too coarse a grid (|q|, |k|
+    in the hundreds) recomputes its rows in two steps: with large inputs the output equals redoing every row, with
+    ordinary ones it equals redoing none; the two ways give different bits."""
+    from sageattention.triton import attention as attn_kernel
+
+    q, k, v = make_qkv(hq=2, nq=100, nk=150, d=64, seed=41)
+    q, k = (q.float() * scale).half(), (k.float() * scale).half()
+
+    def run(threshold):
+        monkeypatch.setattr(attn_kernel, "REDO_ABOVE", threshold)
+        return SAGEATTN(q, k, v, return_lse=True)
+
+    default = run(attn_kernel.REDO_ABOVE)
+    every, none = run(0.0), run(float("inf"))
+    assert not torch.equal(every[0], none[0])
+    for got, want in zip(default, every if redone else none):
+        assert torch.equal(got, want)
+    # Scores ~1e5 make softmax an argmax that INT8 rounding moves, so the oracle is the quantized reference.
+    ref, ref_lse = reference_out(q, k, v, pv=SAGEATTN.pv, gran=SAGEATTN.gran, p_scale=SAGEATTN.p_scale)
+    assert_close(default[0].cpu(), ref, cos=TOL["fp8"]["ref_cos"], rel_l1=TOL["fp8"]["ref_l1"])
+    assert_lse_close(default[1], ref_lse, atol=1e-4 * ref_lse.abs().max().item())

@@ -103,3 +103,24 @@ def test_token_stats_one_pass(with_k, with_v, smooth_v):
         torch.testing.assert_close(v_amax, centred.abs().amax(dim=2), rtol=0, atol=0)
     else:
         assert v_amax is None
+
+
+@pytest.mark.parametrize("gran", GRANULARITIES)
+def test_two_jobs_in_one_launch_match_separate_launches(gran):
+    """The pipeline's two launches (INT8 Q + K/V statistics, INT8 K + FP8 V^T) share one grid between jobs of
+    different head counts and lengths; each job's results equal those of its own launch."""
+    q, k, v = make_qkv(b=2, hq=4, hk=2, nq=300, nk=700, d=64, seed=15, k_bias=2.0)
+    q_job, stats = quant.Int8Job(q, q_grouping(gran)), quant.KVJob(k, v)
+    quant.launch(q_job, stats)
+    k_mean, v_amax = stats.finalize()
+    want_k_mean, want_v_amax = quant.token_stats(k, v)
+    assert torch.equal(k_mean, want_k_mean) and torch.equal(v_amax, want_v_amax)
+    assert all(torch.equal(a, b) for a, b in zip((q_job.out, q_job.scale), quant.quantize_int8(q, q_grouping(gran))))
+    k_job, v_job = quant.Int8Job(k, k_grouping(gran), k_mean), quant.KVJob(None, v, None, v_amax)
+    quant.launch(k_job, v_job)
+    want = quant.quantize_int8(k, k_grouping(gran), k_mean)
+    assert torch.equal(k_job.out, want[0]) and torch.equal(k_job.scale, want[1])
+    want_v, want_scale = quant.quantize_v_fp8(v, None, v_amax)
+    n = v.shape[2]  # tokens past n are padding, never written
+    assert torch.equal(v_job.out[..., :n].view(torch.uint8), want_v[..., :n].view(torch.uint8))
+    assert torch.equal(v_job.scale, want_scale)

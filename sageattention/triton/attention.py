@@ -63,13 +63,15 @@ def _pv(acc, alpha, p_lo, v, PV_TWO_LEVEL: tl.constexpr, PV_INNER_FP16: tl.const
 
 @triton.jit
 def _attn_block(
-    acc0, acc1, l_i, m_i, q, q_scale, K, k_row0, KS_base, V, v_off, stride_vn, stride_vd, bb, hk, kv_bh,
-    M_base, stride_mm, stride_mn, offs_m, offs_d, start_n, k_off, nq, nk, causal_offset,
+    acc0, acc1, l_i, m_i, e_i, bad, q, q_scale, K, k_row0, KS_base, V, v_off, stride_vn, stride_vd, bb, hk, kv_bh,
+    M_base, stride_mm, stride_mn, offs_m, offs_d, start_n, k_off, nq, nk, causal_offset, redo_above,
     D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
     IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, PV_FP8: tl.constexpr, PV_TWO_LEVEL: tl.constexpr,
     PV_INNER_FP16: tl.constexpr, EXACT_ROUND: tl.constexpr, LOG2_P_SCALE: tl.constexpr, K_SCALAR: tl.constexpr,
-    TMA: tl.constexpr,
+    ONE_FMA: tl.constexpr, TMA: tl.constexpr,
 ):
+    """One key tile. m_i: running row max of the scores; e_i: the exponent offset P was computed with
+    (p = exp2(s - e), e about m - LOG2_P_SCALE); bad: rows whose offset could not be set finely (ONE_FMA)."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     in_n = offs_n < nk
     k = _load_k(K, k_row0, kv_bh, start_n, offs_n, in_n, offs_d, D, D_PAD, BLOCK_N, TMA)
@@ -80,10 +82,14 @@ def _attn_block(
     f = (qk + 0x4B400000).to(tl.float32, bitcast=True)
     if K_SCALAR:  # one K scale for the whole tile: dequantize with one FMA and per-row factors
         c = q_scale * tl.load(KS_base + k_off + start_n)
-        # c cut to 22 significant bits (a relative change under 2**-21) makes 1.5 * 2**23 * c exact, so the FMA
+        # c cut to 22 significant bits (a relative change under 2**-21) makes h = 1.5 * 2**23 * c exact, so the FMA
         # rounds only its small result; a rounded product would shift each tile's scores by up to c / 2.
         c = (c.to(tl.int32, bitcast=True) & -4).to(tl.float32, bitcast=True)
-        s = f * c[:, None] - (12582912.0 * c)[:, None]
+        h = 12582912.0 * c
+        if ONE_FMA:  # keep the raw f: the max is taken on it (c > 0) and exp2 gets f * c - (h + e) in one FMA
+            s = f
+        else:
+            s = f * c[:, None] - h[:, None]
     else:
         k_scale = tl.load(KS_base + k_off + offs_n, mask=in_n, other=0.0)
         s = (f - 12582912.0) * (q_scale[:, None] * k_scale[None, :])
@@ -99,11 +105,25 @@ def _attn_block(
         if IS_CAUSAL:
             keep = keep & (offs_n[None, :] <= offs_m[:, None] + causal_offset)
         s = tl.where(keep, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    tile_max = tl.max(s, axis=1)
+    if ONE_FMA:
+        tile_max = tile_max * c - h
+    m_new = tl.maximum(m_i, tile_max)
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # fully masked so far: keep p = 0, not NaN
-    alpha = tl.math.exp2(m_i - m_use)
-    # p = P_SCALE * exp2(s - m): the stretch of P to e4m3's range rides in the exponent; l carries it too.
-    p = tl.math.exp2(s - (m_use - LOG2_P_SCALE)[:, None])
+    # p = P_SCALE * exp2(s - m): the stretch of P to e4m3's range rides in the exponent offset e.
+    e_new = m_use - LOG2_P_SCALE
+    if ONE_FMA:
+        # b = h + e rounds to b's grid (about c apart), so the offset really used is b - h (exact: b and h are
+        # within a factor 2 once h is large). Where rounding went down, P would pass 448: step b up one ulp.
+        b = h + e_new
+        b = tl.where((b - h < e_new) & (b > 0.0), (b.to(tl.int32, bitcast=True) + 1).to(tl.float32, bitcast=True), b)
+        e_new = b - h
+        # Where b's grid is too coarse, P's peak could drop binades below 448: REDO_ABOVE says where.
+        bad = bad | (b >= redo_above)
+        p = tl.math.exp2(s * c[:, None] - b[:, None])
+    else:
+        p = tl.math.exp2(s - e_new[:, None])
+    alpha = tl.math.exp2(e_i - e_new)
     l_i = l_i * alpha + tl.sum(p, axis=1)
     # P·V in two column halves: each half's block product needs half the registers of the whole, which
     # keeps the two-level accumulation from spilling.
@@ -118,7 +138,39 @@ def _attn_block(
     v = _load_v_half(V, v_off, stride_vn, stride_vd, bb, hk, kv_bh, start_n, offs_n, in_n, 1, D, DH, BLOCK_N,
                      PV_FP8, TMA)
     acc1 = _pv(acc1, alpha, p_lo, v, PV_TWO_LEVEL, PV_INNER_FP16)
-    return acc0, acc1, l_i, m_new
+    return acc0, acc1, l_i, m_new, e_new, bad
+
+
+@triton.jit
+def _key_loops(
+    q, q_scale, K, k_row0, KS_base, V, v_off, stride_vn, stride_vd, bb, hk, kv_bh, M_base, stride_mm, stride_mn,
+    offs_m, offs_d, k_off, nq, nk, causal_offset, full, hi, redo_above,
+    D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
+    MASK_KIND: tl.constexpr, PV_FP8: tl.constexpr, PV_TWO_LEVEL: tl.constexpr, PV_INNER_FP16: tl.constexpr,
+    EXACT_ROUND: tl.constexpr, LOG2_P_SCALE: tl.constexpr, K_SCALAR: tl.constexpr, ONE_FMA: tl.constexpr,
+    TMA: tl.constexpr,
+):
+    """All key tiles of one block of query rows: keys [0, full) need no causal or bounds mask, [full, hi) do."""
+    DH: tl.constexpr = D_PAD // 2
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    e_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    bad = tl.zeros([BLOCK_M], dtype=tl.int1)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc0 = tl.zeros([BLOCK_M, DH], dtype=tl.float32)  # output columns [0, DH)
+    acc1 = tl.zeros([BLOCK_M, DH], dtype=tl.float32)  # and [DH, D_PAD)
+    for start_n in range(0, full, BLOCK_N):
+        acc0, acc1, l_i, m_i, e_i, bad = _attn_block(
+            acc0, acc1, l_i, m_i, e_i, bad, q, q_scale, K, k_row0, KS_base, V, v_off, stride_vn, stride_vd, bb, hk,
+            kv_bh, M_base, stride_mm, stride_mn, offs_m, offs_d, start_n, k_off, nq, nk, causal_offset, redo_above,
+            D, D_PAD, BLOCK_N, False, IS_CAUSAL, MASK_KIND, PV_FP8, PV_TWO_LEVEL, PV_INNER_FP16, EXACT_ROUND,
+            LOG2_P_SCALE, K_SCALAR, ONE_FMA, TMA)
+    for start_n in range(full, hi, BLOCK_N):
+        acc0, acc1, l_i, m_i, e_i, bad = _attn_block(
+            acc0, acc1, l_i, m_i, e_i, bad, q, q_scale, K, k_row0, KS_base, V, v_off, stride_vn, stride_vd, bb, hk,
+            kv_bh, M_base, stride_mm, stride_mn, offs_m, offs_d, start_n, k_off, nq, nk, causal_offset, redo_above,
+            D, D_PAD, BLOCK_N, True, IS_CAUSAL, MASK_KIND, PV_FP8, PV_TWO_LEVEL, PV_INNER_FP16, EXACT_ROUND,
+            LOG2_P_SCALE, K_SCALAR, ONE_FMA, TMA)
+    return acc0, acc1, l_i, e_i, bad
 
 
 @triton.jit
@@ -158,21 +210,30 @@ def _configs():
     ]
 
 
+# One-FMA rows whose offset b = 1.5 * 2**23 * c + e reaches 2**25 (c above about 2, |q|, |k| in the hundreds) are
+# redone: from there b's grid is 4 or more apart, and P's peak could sit 4+ binades under 448.
+REDO_ABOVE = 2.0**25
+ONE_FMA = True  # False: the two-step exponent everywhere (for benchmarks: the before of the one-FMA change)
+
+
 @triton.autotune(configs=_configs(), key=["N_BUCKET", "D", "IS_CAUSAL", "MASK_KIND", "PV_FP8", "PV_TWO_LEVEL", "VARLEN",
-                                          "K_SCALAR", "TMA"])
+                                          "K_SCALAR", "ONE_FMA", "TMA"])
 @triton.jit
 def _attn_fwd(
     Q, QS, K, KS, V, stride_vb, stride_vh, stride_vn, stride_vd, VS, VM,
     M, stride_mb, stride_mh, stride_mm, stride_mn,
-    O, stride_ob, stride_oh, stride_on, LSE,
+    O, stride_ob, stride_oh, stride_on, LSE, redo_above,
     CU_Q, CU_K, nq_all, nk_all, kv_group, sm_scale_log2,
     N_BUCKET, H: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
     IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, PV_FP8: tl.constexpr,
     PV_TWO_LEVEL: tl.constexpr, PV_INNER_FP16: tl.constexpr, HAS_VM: tl.constexpr,
     RETURN_LSE: tl.constexpr, VARLEN: tl.constexpr, EXACT_ROUND: tl.constexpr, K_SCALAR: tl.constexpr,
-    TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    ONE_FMA: tl.constexpr, TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """K and V are TMA descriptors when TMA, else pointers (see `attention`)."""
+    """K and V are TMA descriptors when TMA, else pointers (see `attention`).
+
+    ONE_FMA: exp2 takes the raw scores in one FMA (per-tile K scales, no additive mask); a program that finds the
+    exponent offset of one of its rows too coarse (`redo_above`) recomputes its rows in two steps."""
     # FP8 P·V stretches P in [0, 1] by 448 to fill e4m3's range, unless an fp16 accumulator could overflow.
     LOG2_P_SCALE: tl.constexpr = 8.807354922057604 if (PV_FP8 and not PV_INNER_FP16) else 0.0
     DH: tl.constexpr = D_PAD // 2
@@ -188,6 +249,7 @@ def _attn_fwd(
         q_off, nq, k_off, nk, bb = 0, nq_all, 0, nk_all, b
     if start_m * BLOCK_M >= nq:
         return
+    tl.static_assert(not (ONE_FMA and (MASK_KIND == 2 or not K_SCALAR)))
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, D_PAD)
     in_m = offs_m < nq
@@ -200,12 +262,6 @@ def _attn_fwd(
     v_off = bb * stride_vb + hk * stride_vh + k_off * stride_vn
     M_base = M + b * stride_mb + h * stride_mh
 
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc0 = tl.zeros([BLOCK_M, DH], dtype=tl.float32)  # output columns [0, DH)
-    acc1 = tl.zeros([BLOCK_M, DH], dtype=tl.float32)  # and [DH, D_PAD)
-
-    # Keys [0, full) need no causal or bounds mask for any row of this block; [full, hi) do.
     causal_offset = nk - nq  # bottom-right alignment
     if IS_CAUSAL:
         hi = tl.minimum(tl.maximum((start_m + 1) * BLOCK_M + causal_offset, 0), nk)
@@ -214,26 +270,26 @@ def _attn_fwd(
         hi = nk
         full = nk
     full = (full // BLOCK_N) * BLOCK_N
-    for start_n in range(0, full, BLOCK_N):
-        acc0, acc1, l_i, m_i = _attn_block(
-            acc0, acc1, l_i, m_i, q, q_scale, K, k_row0, KS_base, V, v_off, stride_vn, stride_vd, bb, hk, kv_bh,
-            M_base, stride_mm, stride_mn, offs_m, offs_d, start_n, k_off, nq, nk, causal_offset,
-            D, D_PAD, BLOCK_N, False, IS_CAUSAL, MASK_KIND, PV_FP8, PV_TWO_LEVEL, PV_INNER_FP16, EXACT_ROUND,
-            LOG2_P_SCALE, K_SCALAR, TMA)
-    for start_n in range(full, hi, BLOCK_N):
-        acc0, acc1, l_i, m_i = _attn_block(
-            acc0, acc1, l_i, m_i, q, q_scale, K, k_row0, KS_base, V, v_off, stride_vn, stride_vd, bb, hk, kv_bh,
-            M_base, stride_mm, stride_mn, offs_m, offs_d, start_n, k_off, nq, nk, causal_offset,
-            D, D_PAD, BLOCK_N, True, IS_CAUSAL, MASK_KIND, PV_FP8, PV_TWO_LEVEL, PV_INNER_FP16, EXACT_ROUND,
-            LOG2_P_SCALE, K_SCALAR, TMA)
+    acc0, acc1, l_i, e_i, bad = _key_loops(
+        q, q_scale, K, k_row0, KS_base, V, v_off, stride_vn, stride_vd, bb, hk, kv_bh, M_base, stride_mm, stride_mn,
+        offs_m, offs_d, k_off, nq, nk, causal_offset, full, hi, redo_above, D, D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL,
+        MASK_KIND, PV_FP8, PV_TWO_LEVEL, PV_INNER_FP16, EXACT_ROUND, LOG2_P_SCALE, K_SCALAR, ONE_FMA, TMA)
+    if ONE_FMA:
+        if tl.max(bad.to(tl.int32), axis=0) != 0:
+            # Rare (|q|, |k| in the hundreds): redo this program's rows with the two-step exponent. The branch holds
+            # a second copy of the loops; the first stays outside it, where Triton software-pipelines it.
+            acc0, acc1, l_i, e_i, bad = _key_loops(
+                q, q_scale, K, k_row0, KS_base, V, v_off, stride_vn, stride_vd, bb, hk, kv_bh, M_base, stride_mm,
+                stride_mn, offs_m, offs_d, k_off, nq, nk, causal_offset, full, hi, redo_above, D, D_PAD, BLOCK_M,
+                BLOCK_N, IS_CAUSAL, MASK_KIND, PV_FP8, PV_TWO_LEVEL, PV_INNER_FP16, EXACT_ROUND, LOG2_P_SCALE,
+                K_SCALAR, False, TMA)
 
     o_rows = O + bb * stride_ob + h * stride_oh + (q_off + offs_m) * stride_on
     vs_off = kv_bh * D
     _store_half(acc0, l_i, VS, VM, o_rows, vs_off, in_m, 0, D, DH, PV_FP8, HAS_VM)
     _store_half(acc1, l_i, VS, VM, o_rows, vs_off, in_m, 1, D, DH, PV_FP8, HAS_VM)
     if RETURN_LSE:
-        m_use = tl.where(m_i == float("-inf"), 0.0, m_i)
-        lse = (m_use + tl.math.log2(l_i) - LOG2_P_SCALE) * 0.6931471805599453
+        lse = (e_i + tl.math.log2(l_i)) * 0.6931471805599453
         tl.store(LSE + (b * H + h) * nq_all + offs_m, lse, mask=in_m)
 
 
@@ -277,6 +333,8 @@ def attention(
     K and V are read through TMA descriptors on sm90+ (and under the interpreter) where the batch is dense and the
     strides are 16-byte multiples, else through pointers. Packed varlen batches use pointers: their tiles may run
     into the next sequence, which must read as 0.
+    With per-tile K scales the kernel computes exp2 in one FMA per score; a program whose rows would get too coarse
+    an exponent offset that way (|q|, |k| in the hundreds) recomputes them in two steps, decided on the device.
     Returns lse [B, H, Nq] or None."""
     b, h, nq_all, d = q_i8.shape
     hk, nk_all = k_i8.shape[1], k_i8.shape[2]
@@ -298,6 +356,10 @@ def attention(
         m, ms = mask, mask.stride()
     o = out_layout_view
     dummy = q_scale
+    k_scalar = k_scalar and not varlen
+    # The one-FMA exponent needs one K scale per tile and no additive mask; an fp16 inner P·V accumulator keeps
+    # P <= 1, where a coarser offset would push small P into e4m3's subnormals, so it stays on two steps.
+    one_fma = ONE_FMA and k_scalar and mask_kind != MASK_ADD and not pv_inner_fp16
 
     def grid(meta):
         return (triton.cdiv(max_q, meta["BLOCK_M"]), h, n_batch)
@@ -305,12 +367,12 @@ def attention(
     _attn_fwd[grid](
         q_i8, q_scale, k_arg, k_scale, v_arg, *sv,
         v_scale if pv_fp8 else dummy, v_mean if v_mean is not None else dummy,
-        m, *ms, o, o.stride(0), o.stride(1), o.stride(2), lse if return_lse else dummy,
+        m, *ms, o, o.stride(0), o.stride(1), o.stride(2), lse if return_lse else dummy, REDO_ABOVE,
         cu_seqlens_q if varlen else dummy, cu_seqlens_k if varlen else dummy,
         nq_all, nk_all, h // hk, sm_scale * LOG2E,
         triton.next_power_of_2(max(max_q, 16)), H=h, HK=hk, D=d, D_PAD=max(32, triton.next_power_of_2(d)),
         IS_CAUSAL=is_causal, MASK_KIND=mask_kind, PV_FP8=pv_fp8, PV_TWO_LEVEL=pv_two_level,
         PV_INNER_FP16=pv_inner_fp16, HAS_VM=v_mean is not None, RETURN_LSE=return_lse, VARLEN=varlen,
-        EXACT_ROUND=INTERPRET, K_SCALAR=k_scalar and not varlen, TMA=descriptors is not None,
+        EXACT_ROUND=INTERPRET, K_SCALAR=k_scalar, ONE_FMA=one_fma, TMA=descriptors is not None,
     )
     return lse

@@ -50,20 +50,25 @@ def _segment_mean(x: torch.Tensor, seg: torch.Tensor, n_seg: int) -> torch.Tenso
 def quantize(q, k, v, plan: Plan, seg_k: torch.Tensor | None = None, n_seg: int = 1) -> Quantized:
     """seg_k: for packed varlen batches, the sequence index of every key token (int32 [total_k])."""
     v_mean = v.mean(dim=2, dtype=torch.float32).contiguous() if plan.smooth_v else None
-    # One read of K and V gives the K mean (dense batches) and the FP8 V scales' absmax.
+    # Two launches: INT8 Q with one read of K and V for the K mean (dense batches) and the FP8 V scales' absmax;
+    # then INT8 K (smoothed) with FP8 V^T.
     dense_mean = plan.smooth_k and seg_k is None
-    k_mean, v_amax = (None, None)
-    if dense_mean or plan.pv_fp8:
-        k_mean, v_amax = quant.token_stats(k if dense_mean else None, v if plan.pv_fp8 else None, v_mean)
+    q_job = quant.Int8Job(q, q_grouping(plan.qk_quant_gran))
+    stats = quant.KVJob(k if dense_mean else None, v if plan.pv_fp8 else None, v_mean) \
+        if dense_mean or plan.pv_fp8 else None
+    quant.launch(q_job, stats)
+    k_mean, v_amax = stats.finalize() if stats is not None else (None, None)
     if plan.smooth_k and seg_k is not None:
         k_mean = _segment_mean(k, seg_k, n_seg)
-    q_i8, q_scale = quant.quantize_int8(q, q_grouping(plan.qk_quant_gran))
-    k_i8, k_scale = quant.quantize_int8(k, k_grouping(plan.qk_quant_gran), k_mean, seg_k)
+    k_job = quant.Int8Job(k, k_grouping(plan.qk_quant_gran), k_mean, seg_k)
+    v_job = quant.KVJob(None, v, v_mean, v_amax) if plan.pv_fp8 else None
+    quant.launch(k_job, v_job)
     v_scale = None
     if plan.pv_fp8:
-        v, v_scale = quant.quantize_v_fp8(v, v_mean, v_amax)
+        v, v_scale = v_job.out, v_job.scale
     elif v_mean is not None:
         v = (v.float() - v_mean[:, :, None, :]).to(v.dtype)
+    q_i8, q_scale, k_i8, k_scale = q_job.out, q_job.scale, k_job.out, k_job.scale
     return Quantized(q_i8, q_scale, k_i8, k_scale, v, v_scale, v_mean, k_mean)
 
 
