@@ -22,7 +22,7 @@ from torch.nn.functional import scaled_dot_product_attention as sdpa
 
 import sageattention
 from sageattention.core import sageattn_plan
-from sageattention.triton import pipeline
+from sageattention.triton import attention, pipeline
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -131,10 +131,13 @@ def main(argv=None) -> int:
     ap.add_argument("--suite", action="append", choices=("fa3", "b4h32"), help="default: both")
     ap.add_argument("--out", type=Path, default=RESULTS, help="directory for JSON, PNG and markdown")
     ap.add_argument("--methods", help="comma-separated columns to time (default: all), e.g. 'sage e2e,sdpa cudnn bf16'")
+    ap.add_argument("--two-step", action="store_true",
+                    help="the kernel's two-step exponent everywhere (the before of the one-FMA exponent, for A/B runs)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench needs a CUDA GPU", file=sys.stderr)
         return 2
+    attention.ONE_FMA = not args.two_step
     rows = run(args.quick, set(args.suite or ("fa3", "b4h32")), args.methods and args.methods.split(","))
     names = [n for n in rows[0] if n not in ("suite", "b", "h", "n", "d", "causal")]
     device = torch.cuda.get_device_name()

@@ -1,7 +1,6 @@
 """The public API: upstream SageAttention 2.2's names, parameters and defaults, plus masks, GQA and LSE."""
 from __future__ import annotations
 
-
 import torch
 
 from . import dispatch, inputs, ops

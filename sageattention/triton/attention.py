@@ -127,7 +127,7 @@ def _attn_block(
     l_i = l_i * alpha + tl.sum(p, axis=1)
     # P·V in two column halves: each half's block product needs half the registers of the whole, which
     # keeps the two-level accumulation from spilling.
-    DH: tl.constexpr = D_PAD // 2
+    DH: tl.constexpr = acc0.shape[1]
     v = _load_v_half(V, v_off, stride_vn, stride_vd, bb, hk, kv_bh, start_n, offs_n, in_n, 0, D, DH, BLOCK_N,
                      PV_FP8, TMA)
     if PV_FP8:
@@ -174,8 +174,9 @@ def _key_loops(
 
 
 @triton.jit
-def _store_half(acc, l_i, VS, VM, O_rows, vs_off, in_m, HALF: tl.constexpr, D: tl.constexpr, DH: tl.constexpr,
+def _store_half(acc, l_i, VS, VM, O_rows, vs_off, in_m, HALF: tl.constexpr, D: tl.constexpr,
                 PV_FP8: tl.constexpr, HAS_VM: tl.constexpr):
+    DH: tl.constexpr = acc.shape[1]
     offs_d = HALF * DH + tl.arange(0, DH)
     in_d = offs_d < D
     out = tl.where(l_i[:, None] == 0.0, 0.0, acc / l_i[:, None])
@@ -236,7 +237,6 @@ def _attn_fwd(
     exponent offset of one of its rows too coarse (`redo_above`) recomputes its rows in two steps."""
     # FP8 P·V stretches P in [0, 1] by 448 to fill e4m3's range, unless an fp16 accumulator could overflow.
     LOG2_P_SCALE: tl.constexpr = 8.807354922057604 if (PV_FP8 and not PV_INNER_FP16) else 0.0
-    DH: tl.constexpr = D_PAD // 2
     start_m, h, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     hk = h // kv_group
     if VARLEN:  # packed sequences: batch index b selects a slice of one long token axis
@@ -286,8 +286,8 @@ def _attn_fwd(
 
     o_rows = O + bb * stride_ob + h * stride_oh + (q_off + offs_m) * stride_on
     vs_off = kv_bh * D
-    _store_half(acc0, l_i, VS, VM, o_rows, vs_off, in_m, 0, D, DH, PV_FP8, HAS_VM)
-    _store_half(acc1, l_i, VS, VM, o_rows, vs_off, in_m, 1, D, DH, PV_FP8, HAS_VM)
+    _store_half(acc0, l_i, VS, VM, o_rows, vs_off, in_m, 0, D, PV_FP8, HAS_VM)
+    _store_half(acc1, l_i, VS, VM, o_rows, vs_off, in_m, 1, D, PV_FP8, HAS_VM)
     if RETURN_LSE:
         lse = (e_i + tl.math.log2(l_i)) * 0.6931471805599453
         tl.store(LSE + (b * H + h) * nq_all + offs_m, lse, mask=in_m)

@@ -68,8 +68,7 @@ def quantize(q, k, v, plan: Plan, seg_k: torch.Tensor | None = None, n_seg: int 
         v, v_scale = v_job.out, v_job.scale
     elif v_mean is not None:
         v = (v.float() - v_mean[:, :, None, :]).to(v.dtype)
-    q_i8, q_scale, k_i8, k_scale = q_job.out, q_job.scale, k_job.out, k_job.scale
-    return Quantized(q_i8, q_scale, k_i8, k_scale, v, v_scale, v_mean, k_mean)
+    return Quantized(q_job.out, q_job.scale, k_job.out, k_job.scale, v, v_scale, v_mean, k_mean)
 
 
 def attend(x: Quantized, plan: Plan, out_view, *, sm_scale, is_causal, mask=None, return_lse=False,

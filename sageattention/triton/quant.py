@@ -131,20 +131,20 @@ def _v_fp8_block(
 def _quant_kernel(
     X, stride_xb, stride_xh, stride_xn, XMEAN, stride_mb, stride_mh, stride_ms, SEG, XOUT, XSCALE, n_x, h_x,
     K, stride_kb, stride_kh, stride_kn, V, stride_vb, stride_vh, stride_vn, VMEAN, KSUM, VMAX, AMAX, VSCALE, VOUT,
-    n_kv, h_kv, n_pad, n_chunk, kv_programs,
+    n_kv, h_kv, n_pad, kv_programs,
     D: tl.constexpr, D_PAD: tl.constexpr, G1: tl.constexpr, R1: tl.constexpr, G2: tl.constexpr, R2: tl.constexpr,
     HAS_XMEAN: tl.constexpr, HAS_SEG: tl.constexpr, CHUNK: tl.constexpr, ROWS: tl.constexpr, V_BLOCK: tl.constexpr,
     STATS_K: tl.constexpr, STATS_V: tl.constexpr, V_FP8: tl.constexpr, HAS_VMEAN: tl.constexpr,
     EXACT_ROUND: tl.constexpr,
 ):
     """Two quantization jobs in one launch (one wave of programs over all their bytes): programs [0, kv_programs)
-    run the K/V job (statistics, or FP8 V^T), the rest quantize X to INT8."""
+    run the K/V job (statistics, one chunk of tokens each; or FP8 V^T), the rest quantize X to INT8."""
     pid, h, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if pid < kv_programs:
         if h < h_kv:
             if STATS_K or STATS_V:
                 _stats_chunk(K, stride_kb, stride_kh, stride_kn, V, stride_vb, stride_vh, stride_vn, VMEAN, KSUM, VMAX,
-                             n_kv, h_kv, pid, n_chunk, h, b, D, D_PAD, CHUNK, ROWS, STATS_K, STATS_V, HAS_VMEAN)
+                             n_kv, h_kv, pid, kv_programs, h, b, D, D_PAD, CHUNK, ROWS, STATS_K, STATS_V, HAS_VMEAN)
             if V_FP8:
                 _v_fp8_block(V, stride_vb, stride_vh, stride_vn, VMEAN, AMAX, VSCALE, VOUT, n_kv, n_pad, h_kv, pid,
                              h, b, D, D_PAD, V_BLOCK, HAS_VMEAN, EXACT_ROUND)
@@ -234,13 +234,12 @@ class KVJob:
             self.scale = torch.empty((self.b, self.h, self.d), dtype=torch.float32, device=dev)
 
     def args(self, dummy) -> tuple:
-        """The kernel's K ... stats_programs arguments."""
-        stats = self.amax is None
+        """The kernel's K ... n_pad arguments."""
         k, v, mean = (t if t is not None else dummy for t in (self.k, self.v, self.v_mean))
-        return (k, *_strides(self.k), v, *_strides(self.v), mean,
-                *((self.parts[0], self.parts[1], dummy, dummy, dummy) if stats else
-                  (dummy, dummy, self.amax, self.scale, self.out)),
-                self.n, self.h, 0 if stats else self.out.shape[-1], self.programs if stats else 0)
+        outs = (self.parts[0], self.parts[1], dummy, dummy, dummy) if self.amax is None else \
+            (dummy, dummy, self.amax, self.scale, self.out)
+        n_pad = self.out.shape[-1] if self.amax is not None else 0
+        return (k, *_strides(self.k), v, *_strides(self.v), mean, *outs, self.n, self.h, n_pad)
 
     def flags(self) -> dict:
         stats = self.amax is None
@@ -268,7 +267,7 @@ def launch(x: Int8Job | None, kv: KVJob | None) -> None:
     first = x.x if x is not None else (kv.k if kv.k is not None else kv.v)
     dummy = x.scale if x is not None else first
     x_args = x.args(dummy) if x is not None else (dummy, 0, 0, 0, dummy, 0, 0, 0, dummy, dummy, dummy, 0, 0)
-    kv_args = kv.args(dummy) if kv is not None else (dummy, 0, 0, 0, dummy, 0, 0, 0, *(dummy,) * 6, 0, 0, 0, 0)
+    kv_args = kv.args(dummy) if kv is not None else (dummy, 0, 0, 0, dummy, 0, 0, 0, *(dummy,) * 6, 0, 0, 0)
     kv_programs = kv.programs if kv is not None else 0
     heads = max(x.x.shape[1] if x is not None else 0, kv.h if kv is not None else 0)
     _quant_kernel[(kv_programs + (x.programs if x is not None else 0), heads, first.shape[0])](
