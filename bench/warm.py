@@ -1,0 +1,47 @@
+"""Compile the kernels of the benchmark's shapes in parallel processes before timing them.
+
+    python -m bench.warm [--quick] [--suite fa3] [--jobs 16]   # the options of bench.run, then run it
+
+The autotuner compiles every config of a new shape key, ~15 s of CPU each, one at a time in the timing
+process. Here each worker process runs sageattn once on one (N, d, causal, heads) key with batch 1 (the
+head count is a compile-time constant), and Triton's on-disk cache hands the binaries to the benchmark.
+"""
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import time
+
+from bench.run import fa3_shapes, long_shapes
+
+
+def _compile(key) -> str:
+    import torch
+
+    import sageattention
+
+    n, d, causal, h = key
+    q, k, v = (torch.randn(1, h, n, d, device="cuda", dtype=torch.float16) for _ in range(3))
+    sageattention.sageattn(q, k, v, is_causal=causal)
+    torch.cuda.synchronize()
+    return f"N={n} d{d} H={h}{' causal' if causal else ''}"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="the shapes of bench.run --quick")
+    ap.add_argument("--suite", action="append", choices=("fa3", "b4h32"), help="default: both")
+    ap.add_argument("--jobs", type=int, default=mp.cpu_count())
+    args = ap.parse_args(argv)
+    suites = set(args.suite or ("fa3", "b4h32"))
+    keys = sorted({(s["n"], s["d"], s["causal"], s["h"]) for gen in (fa3_shapes, long_shapes) for s in gen(args.quick)
+                   if s["suite"] in suites})
+    start = time.perf_counter()
+    with mp.get_context("spawn").Pool(min(args.jobs, len(keys))) as pool:
+        for done in pool.imap_unordered(_compile, keys):
+            print(f"compiled {done} ({time.perf_counter() - start:.0f} s)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
