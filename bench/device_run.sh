@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One device call: environment, GPU tests, correctness pass, benchmark. Logs and results land in $OUT.
+# One device call: environment, GPU tests, correctness pass, parallel compile (bench.warm), benchmark. Logs and
+# results land in $OUT.
 # usage: bash bench/device_run.sh [quick|full|tests] [pytest args...]   (tests: GPU tests and correctness pass only)
 set -o pipefail
 mode=${1:-quick}; shift || true
@@ -11,6 +12,6 @@ if [ "$#" -gt 0 ]; then python3 -m pytest -m gpu -q -p no:cacheprovider "$@" 2>&
 python3 -m bench.gpu_check 2>&1 | tee "$OUT/gpu_check.log"
 [ "$mode" = quick ] && python3 -m bench.profile 2>&1 | tee "$OUT/profile.log"
 case "$mode" in
-  full) python3 -m bench.run --out "$OUT" 2>&1 | tee "$OUT/bench.log" ;;
-  quick) python3 -m bench.run --quick --out "$OUT" 2>&1 | tee "$OUT/bench.log" ;;
+  full) python3 -m bench.warm >"$OUT/warm.log" 2>&1; python3 -m bench.run --out "$OUT" 2>&1 | tee "$OUT/bench.log" ;;
+  quick) python3 -m bench.warm --quick >"$OUT/warm.log" 2>&1; python3 -m bench.run --quick --out "$OUT" 2>&1 | tee "$OUT/bench.log" ;;
 esac
