@@ -25,6 +25,7 @@ from sageattention.core import sageattn_plan
 from sageattention.triton import attention, pipeline
 
 RESULTS = Path(__file__).parent / "results"
+SUITES = ("fa3", "b4h32")
 
 
 def fa3_shapes(quick: bool):
@@ -69,11 +70,14 @@ def tops(shape, ms: float) -> float:
     return flops / (ms * 1e-3) / 1e12
 
 
+def shapes(quick: bool, suites) -> list[dict]:
+    return [s for gen in (fa3_shapes, long_shapes) for s in gen(quick) if s["suite"] in suites]
+
+
 def run(quick: bool, suites, only=None) -> list[dict]:
     plan = sageattn_plan(torch.cuda.get_device_capability())
     rows = []
-    shapes = [s for gen in (fa3_shapes, long_shapes) for s in gen(quick) if s["suite"] in suites]
-    for shape in shapes:
+    for shape in shapes(quick, suites):
         torch.manual_seed(0)
         q, k, v = (torch.randn(shape["b"], shape["h"], shape["n"], shape["d"], device="cuda", dtype=torch.float16)
                    for _ in range(3))
@@ -128,7 +132,7 @@ def chart(rows, names, path: Path) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a few shapes only")
-    ap.add_argument("--suite", action="append", choices=("fa3", "b4h32"), help="default: both")
+    ap.add_argument("--suite", action="append", choices=SUITES, help="default: both")
     ap.add_argument("--out", type=Path, default=RESULTS, help="directory for JSON, PNG and markdown")
     ap.add_argument("--methods", help="comma-separated columns to time (default: all), e.g. 'sage e2e,sdpa cudnn bf16'")
     ap.add_argument("--two-step", action="store_true",
@@ -138,7 +142,7 @@ def main(argv=None) -> int:
         print("bench needs a CUDA GPU", file=sys.stderr)
         return 2
     attention.ONE_FMA = not args.two_step
-    rows = run(args.quick, set(args.suite or ("fa3", "b4h32")), args.methods and args.methods.split(","))
+    rows = run(args.quick, set(args.suite or SUITES), args.methods and args.methods.split(","))
     names = [n for n in rows[0] if n not in ("suite", "b", "h", "n", "d", "causal")]
     device = torch.cuda.get_device_name()
     meta = dict(device=device, torch=torch.__version__, triton=triton.__version__, python=platform.python_version(),

@@ -12,7 +12,7 @@ import argparse
 import multiprocessing as mp
 import time
 
-from bench.run import fa3_shapes, long_shapes
+from bench.run import SUITES, shapes
 
 
 def _compile(key) -> str:
@@ -30,12 +30,10 @@ def _compile(key) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="the shapes of bench.run --quick")
-    ap.add_argument("--suite", action="append", choices=("fa3", "b4h32"), help="default: both")
+    ap.add_argument("--suite", action="append", choices=SUITES, help="default: both")
     ap.add_argument("--jobs", type=int, default=mp.cpu_count())
     args = ap.parse_args(argv)
-    suites = set(args.suite or ("fa3", "b4h32"))
-    keys = sorted({(s["n"], s["d"], s["causal"], s["h"]) for gen in (fa3_shapes, long_shapes) for s in gen(args.quick)
-                   if s["suite"] in suites})
+    keys = sorted({(s["n"], s["d"], s["causal"], s["h"]) for s in shapes(args.quick, set(args.suite or SUITES))})
     start = time.perf_counter()
     with mp.get_context("spawn").Pool(min(args.jobs, len(keys))) as pool:
         for done in pool.imap_unordered(_compile, keys):

@@ -195,7 +195,6 @@ def test_tma_and_pointer_loads_agree(var, d, monkeypatch):
             assert torch.equal(a, b)
 
 
-
 @pytest.mark.parametrize("scale,redone", [(1.0, False), (300.0, True)])
 def test_coarse_exponent_offsets_are_redone(scale, redone, monkeypatch):
     """With the one-FMA exponent, a program whose rows get an offset 1.5 * 2**23 * c + e on too coarse a grid (|q|, |k|
