@@ -76,6 +76,18 @@ def test_fp8_v_exact(smooth_v, layout, h, n, d):
     assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), "fp8 V values differ"
 
 
+def test_fp8_v_tiny_negatives_round_to_negative_zero():
+    """Values under half of e4m3's smallest subnormal round to zero with their sign, as torch's cast does."""
+    v = make_qkv(hq=1, nq=64, d=32, seed=17)[2].clone()
+    v[0, 0, 0] = 448.0  # scale 1 for every channel that reaches 448 ...
+    v[0, 0, 1:9] = -0.0005  # ... so these are below 2**-10
+    vt, _ = quant.quantize_v_fp8(v)
+    want, _ = reference.quantize_v_fp8(v.cpu())
+    got = vt[..., :64].transpose(-1, -2).cpu()
+    assert (want[0, 0, 1:9].view(torch.uint8) == 0x80).any(), "the case must produce -0"
+    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+
+
 def test_nan_makes_group_scale_nan():
     """A NaN in a group poisons that group's scale (so it reaches the output), not the others."""
     x = make_qkv(hq=1, nq=128, d=32, seed=13)[0].clone()

@@ -19,5 +19,7 @@ def to_e4m3(x, EXACT_ROUND: tl.constexpr):
         exp = ((x.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
         ulp = ((tl.maximum(exp, -6) - 3 + 127) << 23).to(tl.float32, bitcast=True)  # e4m3: 3 mantissa bits, min exp -6
         magic = ulp * 12582912.0  # 1.5 * 2**23 ulps: adding and subtracting it rounds to a multiple of ulp
-        x = tl.minimum(tl.maximum((x + magic) - magic, -448.0), 448.0)
+        r = (x + magic) - magic
+        r = tl.where(r == 0.0, x * 0.0, r)  # tiny negatives round to -0, as the cast does, not +0
+        x = tl.minimum(tl.maximum(r, -448.0), 448.0)
     return x.to(tl.float8e4nv)
