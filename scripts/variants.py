@@ -263,7 +263,8 @@ def load(package: str, root: Path = VARIANTS_DIR) -> Matrix:
                 variants.extend(made)
     _check_unique(package, variants)
     profiles = {**spec["profiles"], **current["profiles"]}
-    matrix = Matrix(package, spec["version"], variants, unavailable, profiles, spec.get("min_cuda"), spec.get("wheel_requires", {}))
+    matrix = Matrix(package, spec["version"], variants, unavailable, profiles, spec.get("min_cuda"),
+                    spec.get("wheel_requires", {}))
     for name in profiles:
         if not matrix.select(name):
             raise VariantError(f"{package}: profile {name!r} selects no variant; check its select entries")
