@@ -195,6 +195,22 @@ def test_tma_and_pointer_loads_agree(var, d, monkeypatch):
             assert torch.equal(a, b)
 
 
+def test_tuned_config_is_launched_directly(monkeypatch):
+    """Once the autotuner has picked a config for a tuning key, later calls launch that config directly (the
+    autotuner's own launch path costs tens of microseconds of host time per call), with the same bits."""
+    from triton.runtime.autotuner import Autotuner
+
+    from sageattention.triton import attention as attn_kernel
+
+    q, k, v = make_qkv(hq=2, nq=70, nk=90, d=64, seed=43)
+    monkeypatch.setattr(attn_kernel, "_tuned", {})
+    tuned = sa.sageattn(q, k, v, is_causal=True)
+    assert len(attn_kernel._tuned) == 1
+    monkeypatch.setattr(Autotuner, "run", lambda *a, **kw: pytest.fail("launched through the autotuner"))
+    direct = sa.sageattn(q, k, v, is_causal=True)
+    assert torch.equal(tuned, direct)
+
+
 @pytest.mark.parametrize("scale,redone", [(1.0, False), (300.0, True)])
 def test_coarse_exponent_offsets_are_redone(scale, redone, monkeypatch):
     """With the one-FMA exponent, a program whose rows get an offset 1.5 * 2**23 * c + e on too coarse a grid (|q|, |k|

@@ -12,6 +12,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .. import dispatch
 from .fp8 import INTERPRET, to_e4m3
+from .sizes import cdiv, next_pow2
 
 LOG2E = 1.4426950408889634
 MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
@@ -217,8 +218,13 @@ REDO_ABOVE = 2.0**25
 ONE_FMA = True  # False: the two-step exponent everywhere (for benchmarks: the before of the one-FMA change)
 
 
-@triton.autotune(configs=_configs(), key=["N_BUCKET", "D", "IS_CAUSAL", "MASK_KIND", "PV_FP8", "PV_TWO_LEVEL", "VARLEN",
-                                          "K_SCALAR", "ONE_FMA", "TMA"])
+_TUNE_KEY = ["N_BUCKET", "D", "IS_CAUSAL", "MASK_KIND", "PV_FP8", "PV_TWO_LEVEL", "VARLEN", "K_SCALAR", "ONE_FMA", "TMA"]
+# The config the autotuner picked per key (its key plus the dtypes it also keys on). Its own launch path keys on
+# every argument, tens of microseconds per call; once a key is tuned, `attention` launches that config directly.
+_tuned: dict = {}
+
+
+@triton.autotune(configs=_configs(), key=_TUNE_KEY)
 @triton.jit
 def _attn_fwd(
     Q, QS, K, KS, V, stride_vb, stride_vh, stride_vn, stride_vd, VS, VM,
@@ -362,17 +368,29 @@ def attention(
     one_fma = ONE_FMA and k_scalar and mask_kind != MASK_ADD and not pv_inner_fp16
 
     def grid(meta):
-        return (triton.cdiv(max_q, meta["BLOCK_M"]), h, n_batch)
+        return (cdiv(max_q, meta["BLOCK_M"]), h, n_batch)
 
-    _attn_fwd[grid](
+    n_bucket = next_pow2(max(max_q, 16))
+    args = (
         q_i8, q_scale, k_arg, k_scale, v_arg, *sv,
         v_scale if pv_fp8 else dummy, v_mean if v_mean is not None else dummy,
         m, *ms, o, o.stride(0), o.stride(1), o.stride(2), lse if return_lse else dummy, REDO_ABOVE,
         cu_seqlens_q if varlen else dummy, cu_seqlens_k if varlen else dummy,
-        nq_all, nk_all, h // hk, sm_scale * LOG2E,
-        triton.next_power_of_2(max(max_q, 16)), H=h, HK=hk, D=d, D_PAD=max(32, triton.next_power_of_2(d)),
-        IS_CAUSAL=is_causal, MASK_KIND=mask_kind, PV_FP8=pv_fp8, PV_TWO_LEVEL=pv_two_level,
-        PV_INNER_FP16=pv_inner_fp16, HAS_VM=v_mean is not None, RETURN_LSE=return_lse, VARLEN=varlen,
-        EXACT_ROUND=INTERPRET, K_SCALAR=k_scalar, ONE_FMA=one_fma, TMA=descriptors is not None,
+        nq_all, nk_all, h // hk, sm_scale * LOG2E, n_bucket,
     )
+    consts = dict(
+        H=h, HK=hk, D=d, D_PAD=max(32, next_pow2(d)), IS_CAUSAL=is_causal, MASK_KIND=mask_kind, PV_FP8=pv_fp8,
+        PV_TWO_LEVEL=pv_two_level, PV_INNER_FP16=pv_inner_fp16, HAS_VM=v_mean is not None, RETURN_LSE=return_lse,
+        VARLEN=varlen, EXACT_ROUND=INTERPRET, K_SCALAR=k_scalar, ONE_FMA=one_fma, TMA=descriptors is not None,
+    )
+    key = (n_bucket, *(consts[name] for name in _TUNE_KEY[1:]), v_arg.dtype if descriptors is None else None,
+           m.dtype, o.dtype)
+    config = _tuned.get(key)
+    if config is None:
+        _attn_fwd[grid](*args, **consts)
+        _tuned[key] = _attn_fwd.best_config
+    else:
+        if descriptors is not None:
+            _set_block_shapes({"K": k_arg, "V": v_arg, **consts, **config.kwargs})
+        _attn_fwd.fn[grid](*args, **consts, **config.all_kwargs())
     return lse

@@ -18,6 +18,7 @@ import triton.language as tl
 
 from ..quant_groups import Grouping
 from .fp8 import INTERPRET, to_e4m3
+from .sizes import cdiv, next_pow2
 
 NUM_WARPS = 4
 STATS_CHUNK = 512  # tokens per program of the statistics job, read STATS_ROWS at a time
@@ -176,7 +177,7 @@ def _stats_finalize_kernel(KSUM, VMAX, KMEAN, VAMAX, NPART, N, H, D: tl.constexp
 
 
 def _d_pad(d: int) -> int:
-    return max(16, triton.next_power_of_2(d))
+    return max(16, next_pow2(d))
 
 
 def _strides(t: torch.Tensor | None) -> tuple:
@@ -197,7 +198,7 @@ class Int8Job:
     def __post_init__(self):
         self.out = torch.empty(self.x.shape, dtype=torch.int8, device=self.x.device)
         self.scale = torch.empty(self.x.shape[:3], dtype=torch.float32, device=self.x.device)
-        self.programs = triton.cdiv(self.x.shape[2], self.grouping.block)
+        self.programs = cdiv(self.x.shape[2], self.grouping.block)
 
     def args(self, dummy) -> tuple:
         """The kernel's X ... h_x arguments."""
@@ -225,11 +226,11 @@ class KVJob:
         self.b, self.h, self.n, self.d = x.shape
         dev = x.device
         if self.amax is None:
-            self.programs = triton.cdiv(self.n, STATS_CHUNK)
+            self.programs = cdiv(self.n, STATS_CHUNK)
             self.parts = torch.empty((2, self.b, self.h, self.programs, self.d), dtype=torch.float32, device=dev)
         else:
-            self.programs = triton.cdiv(self.n, V_BLOCK)
-            self.out = torch.empty((self.b, self.h, self.d, triton.cdiv(self.n, 16) * 16), dtype=torch.float8_e4m3fn,
+            self.programs = cdiv(self.n, V_BLOCK)
+            self.out = torch.empty((self.b, self.h, self.d, cdiv(self.n, 16) * 16), dtype=torch.float8_e4m3fn,
                                    device=dev)
             self.scale = torch.empty((self.b, self.h, self.d), dtype=torch.float32, device=dev)
 
@@ -251,7 +252,7 @@ class KVJob:
         stats = torch.empty((2, self.b, self.h, self.d), dtype=torch.float32, device=self.parts.device)
         _stats_finalize_kernel[(self.h, self.b)](
             self.parts[0], self.parts[1], stats[0], stats[1], self.programs, self.n, self.h, D=self.d,
-            D_PAD=_d_pad(self.d), PARTS=min(16, triton.next_power_of_2(self.programs)), DO_K=self.k is not None,
+            D_PAD=_d_pad(self.d), PARTS=min(16, next_pow2(self.programs)), DO_K=self.k is not None,
             DO_V=self.v is not None, num_warps=4,
         )
         return (stats[0].unsqueeze(2) if self.k is not None else None), (stats[1] if self.v is not None else None)
