@@ -383,8 +383,8 @@ def attention(
         PV_TWO_LEVEL=pv_two_level, PV_INNER_FP16=pv_inner_fp16, HAS_VM=v_mean is not None, RETURN_LSE=return_lse,
         VARLEN=varlen, EXACT_ROUND=INTERPRET, K_SCALAR=k_scalar, ONE_FMA=one_fma, TMA=descriptors is not None,
     )
-    key = (n_bucket, *(consts[name] for name in _TUNE_KEY[1:]), v_arg.dtype if descriptors is None else None,
-           m.dtype, o.dtype)
+    tuned_on = {"N_BUCKET": n_bucket, **consts}
+    key = (*(tuned_on[name] for name in _TUNE_KEY), v_arg.dtype if descriptors is None else None, m.dtype, o.dtype)
     config = _tuned.get(key)
     if config is None:
         _attn_fwd[grid](*args, **consts)
