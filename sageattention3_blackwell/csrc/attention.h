@@ -15,9 +15,10 @@ struct AttentionParams {
   const float* q_bias;      // [B, H, n_q_pad/128, n_k_pad] or nullptr
   float* out;               // [B, H, n_q_pad, D]
   float* lse;               // [B, H, n_q_pad]
+  const float* scales;      // [3] sageattn3/prepare.py kernel_scales: score scale (base 2), LSE factor, V scale
   int batch, heads, kv_group, n_q_pad, n_k, n_k_pad, head_dim;
-  float scale_log2;         // sm_scale * log2(e)
   bool causal;
+  int causal_offset;        // causal: query row i sees keys j <= i + causal_offset (0 top-left, Nk - Nq bottom-right)
 };
 
 constexpr int kQBlock = 128;  // Q-smoothing block (rows sharing one q_bias row)

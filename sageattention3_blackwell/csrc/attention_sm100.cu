@@ -153,11 +153,12 @@ __global__ void __launch_bounds__(kRows, 1) attention_kernel(const AttentionPara
                *reinterpret_cast<const uint32_t*>(p.q_scales + q_row * (D / 16) + s * 4));
   }
 
+  const float score_scale = p.scales[0];
   float m = -INFINITY, l = 0.0f, acc[D];
 #pragma unroll
   for (int i = 0; i < D; ++i) acc[i] = 0.0f;
   const float* bias = bias_row(p, bh, row);
-  const int end = p.causal ? min(p.n_k_pad, int(blockIdx.x + 1) * kRows) : p.n_k_pad;
+  const int end = p.causal ? min(p.n_k_pad, int(blockIdx.x + 1) * kRows + p.causal_offset) : p.n_k_pad;
   uint32_t phase = 0;
   for (int start = 0; start < end; start += kKvTile) {
     // 1. K codes (threads 0-63: one key each) and V^T codes (one channel per thread), their scales.
@@ -194,14 +195,14 @@ __global__ void __launch_bounds__(kRows, 1) attention_kernel(const AttentionPara
     tmem_load32(lane_base + kColS + 32, *reinterpret_cast<float(*)[32]>(sv + 32));
 #pragma unroll
     for (int j = 0; j < kKvTile; ++j) {
-      sv[j] = masked_score(p, sv[j], bias, row, start + j);
+      sv[j] = masked_score(p, score_scale, sv[j], bias, row, start + j);
       tile_max = fmaxf(tile_max, sv[j]);
     }
-    const float m_new = fmaxf(m, tile_max), alpha = exp2f(m - m_new);
+    const float m_new = fmaxf(m, tile_max), m_sub = max_to_subtract(m_new), alpha = exp2f(m - m_sub);
     float row_sum = 0.0f, p_max = 0.0f;
 #pragma unroll
     for (int j = 0; j < kKvTile; ++j) {
-      sv[j] = exp2f(sv[j] - m_new);
+      sv[j] = exp2f(sv[j] - m_sub);
       row_sum += sv[j];
       p_max = fmaxf(p_max, sv[j]);
     }
@@ -248,9 +249,15 @@ __global__ void __launch_bounds__(kRows, 1) attention_kernel(const AttentionPara
   }
 
   float* out = p.out + q_row * D;
+  const float v_scale = p.scales[2];
 #pragma unroll
-  for (int i = 0; i < D; i += 4) *reinterpret_cast<float4*>(out + i) = make_float4(acc[i] / l, acc[i + 1] / l, acc[i + 2] / l, acc[i + 3] / l);
-  p.lse[q_row] = lse_natural(m, l);
+  for (int i = 0; i < D; i += 4) {
+    *reinterpret_cast<float4*>(out + i) = make_float4(finish_output(acc[i], l, v_scale),
+                                                      finish_output(acc[i + 1], l, v_scale),
+                                                      finish_output(acc[i + 2], l, v_scale),
+                                                      finish_output(acc[i + 3], l, v_scale));
+  }
+  p.lse[q_row] = lse_natural(m, l, p.scales[1]);
 
   asm volatile("tcgen05.fence::before_thread_sync;");
   __syncthreads();

@@ -73,10 +73,11 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(const AttentionP
     qs[s] = load_u32(q_sc + s * 4);
   }
 
+  const float score_scale = p.scales[0];
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   float acc[kNTiles][4] = {};
   const float* bias = bias_row(p, bh, row0);  // rows row0 .. row0 + 15 share one Q block
-  const int end = p.causal ? min(p.n_k_pad, row0 + kRowsPerWarp) : p.n_k_pad;
+  const int end = p.causal ? min(p.n_k_pad, row0 + kRowsPerWarp + p.causal_offset) : p.n_k_pad;
   for (int start = 0; start < end; start += kKvTile) {
     // S = Q K^T for 16 rows x 64 keys: 8 n8 tiles.
     float s[8][4] = {};
@@ -95,21 +96,22 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(const AttentionP
     for (int j = 0; j < 8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        s[j][e] = masked_score(p, s[j][e], bias, rows[e >> 1], start + j * 8 + 2 * t + (e & 1));
+        s[j][e] = masked_score(p, score_scale, s[j][e], bias, rows[e >> 1], start + j * 8 + 2 * t + (e & 1));
         tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[j][e]);
       }
-    float alpha[2], s1[2], row_p_max[2] = {0.0f, 0.0f}, row_sum[2] = {0.0f, 0.0f};
+    float alpha[2], m_sub[2], s1[2], row_p_max[2] = {0.0f, 0.0f}, row_sum[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const float m_new = fmaxf(m[h], quad_max(tile_max[h]));
-      alpha[h] = exp2f(m[h] - m_new);
+      m_sub[h] = max_to_subtract(m_new);
+      alpha[h] = exp2f(m[h] - m_sub[h]);
       m[h] = m_new;
     }
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float pe = exp2f(s[j][e] - m[e >> 1]);
+        const float pe = exp2f(s[j][e] - m_sub[e >> 1]);
         s[j][e] = pe;
         row_sum[e >> 1] += pe;
         row_p_max[e >> 1] = fmaxf(row_p_max[e >> 1], pe);
@@ -159,15 +161,16 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(const AttentionP
     }
   }
 
+  const float lse_factor = p.scales[1], v_scale = p.scales[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int64_t row = int64_t(bh) * p.n_q_pad + rows[h];
 #pragma unroll
     for (int nt = 0; nt < kNTiles; ++nt) {
-      float2 o = make_float2(acc[nt][2 * h] / l[h], acc[nt][2 * h + 1] / l[h]);
-      *reinterpret_cast<float2*>(p.out + row * D + nt * 8 + 2 * t) = o;
+      *reinterpret_cast<float2*>(p.out + row * D + nt * 8 + 2 * t) =
+          make_float2(finish_output(acc[nt][2 * h], l[h], v_scale), finish_output(acc[nt][2 * h + 1], l[h], v_scale));
     }
-    if (t == 0) p.lse[row] = lse_natural(m[h], l[h]);
+    if (t == 0) p.lse[row] = lse_natural(m[h], l[h], lse_factor);
   }
 }
 

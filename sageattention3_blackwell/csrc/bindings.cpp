@@ -71,8 +71,8 @@ AttentionKernel attention_kernel_for(int device) {
 std::vector<torch::Tensor> attention(const torch::Tensor& q_codes, const torch::Tensor& q_scales,
                                      const torch::Tensor& k_codes, const torch::Tensor& k_scales,
                                      const torch::Tensor& v_codes, const torch::Tensor& v_scales,
-                                     const c10::optional<torch::Tensor>& q_bias, int64_t n_k, double sm_scale,
-                                     bool causal) {
+                                     const c10::optional<torch::Tensor>& q_bias, int64_t n_k,
+                                     const torch::Tensor& scales, bool causal, int64_t causal_offset) {
   TORCH_CHECK(q_codes.is_cuda(), "q_codes must be a CUDA tensor");
   const AttentionKernel kernel = attention_kernel_for(q_codes.get_device());
   TORCH_CHECK(q_codes.dim() == 4 && k_codes.dim() == 4, "q_codes and k_codes must be 4-D, got shapes ",
@@ -94,6 +94,11 @@ std::vector<torch::Tensor> attention(const torch::Tensor& q_codes, const torch::
   check(v_codes, "v_codes", at::kByte, device, {batch, kv_heads, head_dim, n_k_pad / 2});
   check(v_scales, "v_scales", at::kFloat8_e4m3fn, device, {batch, kv_heads, head_dim, n_k_pad / 16});
   if (q_bias) check(*q_bias, "q_bias", at::kFloat, device, {batch, heads, n_q_pad / sage3::kQBlock, n_k_pad});
+  check(scales, "scales", at::kFloat, device, {3});
+  // The kernels add causal_offset to row indices in 32-bit ints: keep it within the padded sizes.
+  TORCH_CHECK(n_k >= 0 && n_k <= n_k_pad && causal_offset >= -n_q_pad && causal_offset <= n_k_pad,
+              "n_k must be in [0, ", str(n_k_pad), "] and causal_offset in [-", str(n_q_pad), ", ", str(n_k_pad),
+              "], got ", str(n_k), " and ", str(causal_offset));
   const c10::cuda::CUDAGuard guard(device);
   auto out = torch::empty({batch, heads, n_q_pad, head_dim}, q_codes.options().dtype(at::kFloat));
   auto lse = torch::empty({batch, heads, n_q_pad}, out.options());
@@ -114,8 +119,9 @@ std::vector<torch::Tensor> attention(const torch::Tensor& q_codes, const torch::
   p.n_k = int(n_k);
   p.n_k_pad = int(n_k_pad);
   p.head_dim = int(head_dim);
-  p.scale_log2 = float(sm_scale * 1.4426950408889634);
+  p.scales = scales.data_ptr<float>();
   p.causal = causal;
+  p.causal_offset = int(causal_offset);
   if (out.numel() > 0) {  // an empty grid is a launch error
     kernel(p, c10::cuda::getCurrentCUDAStream());
     C10_CUDA_KERNEL_LAUNCH_CHECK();

@@ -10,11 +10,13 @@ namespace sage3 {
 constexpr int kGroup = 16;              // elements per e4m3 scale
 constexpr float kE2m1Max = 6.0f;
 constexpr float kE4m3Max = 448.0f;
-constexpr float kPRowMax = kE2m1Max * kE4m3Max;  // level-1 P scaling maps a row max here
+constexpr float kFp4Max = kE2m1Max * kE4m3Max;   // the largest NVFP4 magnitude; level-1 P scaling maps a row max here
 
 // e4m3 scale byte for a group whose largest magnitude is amax (round to nearest even, saturating).
+// A NaN amax gives the NaN scale (fminf would drop it), as nvfp4.group_scales in PyTorch.
 __device__ __forceinline__ uint8_t group_scale(float amax) {
-  return __nv_cvt_float_to_fp8(fminf(__fdiv_rn(amax, kE2m1Max), kE4m3Max), __NV_SATFINITE, __NV_E4M3);
+  const float s = __fdiv_rn(amax, kE2m1Max);
+  return __nv_cvt_float_to_fp8(s > kE4m3Max ? kE4m3Max : s, __NV_SATFINITE, __NV_E4M3);
 }
 
 __device__ __forceinline__ float scale_value(uint8_t s) {
@@ -55,18 +57,33 @@ __device__ __forceinline__ const float* bias_row(const AttentionParams& p, int b
   return p.q_bias ? p.q_bias + (int64_t(bh) * (p.n_q_pad / kQBlock) + row / kQBlock) * p.n_k_pad : nullptr;
 }
 
-// Score s of (row, col) in base 2 (bias added, scaled by sm_scale * log2 e); -inf for padding keys
-// and, when causal, keys past the query.
-__device__ __forceinline__ float masked_score(const AttentionParams& p, float s, const float* bias, int row,
-                                              int col) {
-  const float x = (s + (bias ? bias[col] : 0.0f)) * p.scale_log2;
-  return col >= p.n_k || (p.causal && col > row) ? -INFINITY : x;
+// Score s of (row, col) in base 2 (bias added, times the score scale); -inf for padding keys and,
+// when causal, keys past the query's diagonal.
+__device__ __forceinline__ float masked_score(const AttentionParams& p, float score_scale, float s,
+                                              const float* bias, int row, int col) {
+  const float x = (s + (bias ? bias[col] : 0.0f)) * score_scale;
+  return col >= p.n_k || (p.causal && col > row + p.causal_offset) ? -INFINITY : x;
 }
 
-// Level 1 of the P quantization: s1 maps the row max of a P tile onto 6 * 448.
-__device__ __forceinline__ float p_row_scale(float p_max) { return p_max > 0.0f ? p_max / kPRowMax : 1.0f; }
+// The running max to subtract: 0 while a row has seen no visible key (m = -inf), so that exponents
+// are exp2(-inf) = 0 rather than exp2(-inf - -inf) = NaN.
+__device__ __forceinline__ float max_to_subtract(float m) { return m == -INFINITY ? 0.0f : m; }
 
-// Natural-log logsumexp from the base-2 running max m and the sum l.
-__device__ __forceinline__ float lse_natural(float m, float l) { return (m + log2f(l)) * 0.6931471805599453f; }
+// Level 1 of the P quantization: s1 maps the row max of a P tile onto 6 * 448.
+__device__ __forceinline__ float p_row_scale(float p_max) { return p_max > 0.0f ? p_max / kFp4Max : 1.0f; }
+
+// Natural-log logsumexp from the base-2 running max m (in capped units, times lse_factor) and the sum l.
+__device__ __forceinline__ float lse_natural(float m, float l, float lse_factor) {
+  return (m * lse_factor + log2f(l)) * 0.6931471805599453f;
+}
+
+// One output element: 0 for a row without visible keys (l = 0); else acc / l clamped to V's range
+// (a convex combination of V rows stays within 6 * 448 in normalized units, P's rounding may not),
+// NaN kept, times V's tensor scale. As sageattn3/reference.py.
+__device__ __forceinline__ float finish_output(float acc, float l, float v_scale) {
+  if (l == 0.0f) return 0.0f;
+  const float o = acc / l;
+  return (o > kFp4Max ? kFp4Max : o < -kFp4Max ? -kFp4Max : o) * v_scale;
+}
 
 }  // namespace sage3

@@ -17,7 +17,7 @@ __global__ void quantize_groups_kernel(const float* __restrict__ x, uint8_t* __r
   }
   float amax = 0.0f;
 #pragma unroll
-  for (int i = 0; i < kGroup; ++i) amax = fmaxf(amax, fabsf(v[i]));
+  for (int i = 0; i < kGroup; ++i) amax = fabsf(v[i]) > amax || isnan(v[i]) ? fabsf(v[i]) : amax;  // NaN wins
   const uint8_t s = group_scale(amax);
   const float sv = scale_value(s);
   uint32_t word[2] = {0u, 0u};

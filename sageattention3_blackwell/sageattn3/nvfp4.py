@@ -10,6 +10,7 @@ import torch
 GROUP = 16  # elements sharing one e4m3 scale
 E2M1_MAX = 6.0
 E4M3_MAX = 448.0
+MAX_VALUE = E2M1_MAX * E4M3_MAX  # 2688: the largest magnitude a code times a group scale holds
 
 # The 8 non-negative e2m1 magnitudes, indexed by the 3-bit code (sign is bit 3).
 E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)

@@ -1,17 +1,18 @@
 """PyTorch reference of the quantized algorithm, tile by tile as the kernels run it.
 
-Scores S = deq(Q) deq(K)^T (+ Q-smoothing bias), online softmax in base 2 over KV_TILE-key tiles,
-P two-level quantized per tile, O accumulated in float32. Slow; meant for tests and for checking
-the kernels, not for production.
+Scores S = deq(Q) deq(K)^T (+ Q-smoothing bias) times the score scale, online softmax in base 2 over
+KV_TILE-key tiles, P two-level quantized per tile, O accumulated in float32, divided by the softmax sum,
+clamped to V's range and multiplied by V's tensor scale (prepare.kernel_scales). Slow; meant for tests
+and for checking the kernels, not for production.
 """
 import math
 
 import torch
 
 from . import nvfp4
-from .prepare import KV_TILE, Q_BLOCK, QuantizedInputs
+from .prepare import KV_TILE, Q_BLOCK, QuantizedInputs, kernel_scales
 
-P_ROW_MAX = nvfp4.E4M3_MAX * nvfp4.E2M1_MAX  # 2688: a row max of P maps onto the top e4m3 scale times 6
+P_ROW_MAX = nvfp4.MAX_VALUE  # a row max of P maps onto the top e4m3 scale times 6
 
 
 def quantize_p(p: torch.Tensor):
@@ -27,15 +28,19 @@ def quantize_p(p: torch.Tensor):
     return codes, scales, s1
 
 
-def attention_reference(qi: QuantizedInputs, is_causal: bool, sm_scale: float):
-    """Returns (out [B, H, Nq, D] float32, lse [B, H, Nq] natural-log, without the K-smoothing shift)."""
+def attention_reference(qi: QuantizedInputs, is_causal: bool, sm_scale: float, causal_offset: int = 0):
+    """Returns (out [B, H, Nq, D] float32, lse [B, H, Nq] natural-log, without the K-smoothing shift).
+
+    is_causal hides key j from query i when j > i + causal_offset (0: top-left aligned, as torch's
+    SDPA; Nk - Nq: bottom-right). A query that sees no key gets 0 and an LSE of -inf.
+    """
     heads = qi.q_codes.shape[1]
     group = heads // qi.k_codes.shape[1]
     q = nvfp4.dequantize(qi.q_codes, qi.q_scales)
     k = nvfp4.dequantize(qi.k_codes, qi.k_scales).repeat_interleave(group, dim=1)
     v = nvfp4.dequantize(qi.v_codes, qi.v_scales).repeat_interleave(group, dim=1)  # [B, H, D, Nk]
     n_q_pad, n_k_pad = q.shape[2], k.shape[2]
-    scale_log2 = sm_scale * math.log2(math.e)
+    score_scale, lse_factor, v_scale = kernel_scales(qi, sm_scale)
 
     rows = torch.arange(n_q_pad, device=q.device)[:, None]
     m = torch.full(q.shape[:3], -math.inf, device=q.device)
@@ -46,19 +51,28 @@ def attention_reference(qi: QuantizedInputs, is_causal: bool, sm_scale: float):
         s = q @ k[:, :, start:start + KV_TILE].transpose(2, 3)
         if qi.q_bias is not None:
             s = s + qi.q_bias[..., start:start + KV_TILE].repeat_interleave(Q_BLOCK, dim=2)
-        s = s * scale_log2
+        s = s * score_scale
         masked = cols >= qi.n_k
         if is_causal:
-            masked = masked | (cols > rows)
+            masked = masked | (cols > rows + causal_offset)
         s = s.masked_fill(masked, -math.inf)
         m_new = torch.maximum(m, s.amax(dim=-1))
-        alpha = torch.exp2(m - m_new)
-        p = torch.exp2(s - m_new[..., None])
+        # A row that has seen no visible key yet keeps m = -inf; subtract 0 there, not -inf (NaN).
+        m_safe = torch.where(m_new == -math.inf, 0.0, m_new)
+        alpha = torch.exp2(m - m_safe)
+        p = torch.exp2(s - m_safe[..., None])
         l = l * alpha + p.sum(dim=-1)
         codes, scales, s1 = quantize_p(p)
         pv = nvfp4.dequantize(codes, scales) @ v[..., start:start + KV_TILE].transpose(2, 3)
         acc = acc * alpha[..., None] + pv * s1[..., None]
         m = m_new
-    out = acc / l[..., None]
-    lse = (m + torch.log2(l)) / math.log2(math.e)
+    out = torch.where(l[..., None] == 0, 0.0, clamp_to_v_range(acc / l[..., None])) * v_scale
+    lse = (m * lse_factor + torch.log2(l)) / math.log2(math.e)
     return out[:, :, :qi.n_q, :qi.head_dim], lse[:, :, :qi.n_q]
+
+
+def clamp_to_v_range(o: torch.Tensor) -> torch.Tensor:
+    """An attention output is a convex combination of V rows, so |o| <= max |V| = 6 * 448 in the units of
+    the normalized V. Rounding of P can overshoot by a few percent; the clamp keeps V near the fp16 maximum
+    finite. NaN stays NaN."""
+    return o.clamp(-nvfp4.MAX_VALUE, nvfp4.MAX_VALUE)

@@ -1,14 +1,13 @@
 """Triton implementation: both matmuls are block-scaled NVFP4 products.
 
-NATIVE=True (sm_100/sm_120, and the CPU interpreter): `tl.dot_scaled`, which Triton lowers to the
-block-scaled FP4 tensor-core MMA (tcgen05.mma / mma.sync kind::mxf4nvf4). Needs Triton >= 3.6:
-3.4 and 3.5 fail to compile e4m3-scaled (NVFP4) `tl.dot_scaled` for sm_120.
-NATIVE=False (any other GPU, e.g. Hopper, for testing): Triton 3.6 cannot lower NVFP4
-`tl.dot_scaled` for sm_90 either, so the operands are decoded in the kernel instead. Every
+NATIVE=True (where the installed Triton can, see dispatch.TRITON_NATIVE: sm_100 with Triton 3.3 or
+>= 3.5, sm_120 with >= 3.6; and the CPU interpreter): `tl.dot_scaled`, which Triton lowers to the
+block-scaled FP4 tensor-core MMA (tcgen05.mma / mma.sync kind::mxf4nvf4).
+NATIVE=False (everywhere else: sm_121, older Triton, and other GPUs for testing): Triton cannot lower
+NVFP4 `tl.dot_scaled` there, so the operands are decoded in the kernel instead. Every
 e2m1 x e4m3 value is exact in float16, so an fp16 `tl.dot` with float32 accumulation gives the
 same products; only the speed differs.
 """
-import math
 import os
 from typing import Optional
 
@@ -16,9 +15,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .dispatch import SUPPORTED_CAPABILITIES
-from .prepare import KV_TILE, Q_BLOCK, QuantizedInputs
-from .reference import P_ROW_MAX
+from . import nvfp4
+from . import dispatch
+from .prepare import KV_TILE, Q_BLOCK, QuantizedInputs, kernel_scales
 
 E2M1 = tl.constexpr("e2m1")  # a constexpr object, as the interpreter requires for formats
 
@@ -62,10 +61,11 @@ def _nvfp4_dot(a, a_scales, b, b_scales, M: tl.constexpr, N: tl.constexpr, K: tl
 
 @triton.jit
 def _sage3_fwd(q_codes, q_scales, k_codes, k_scales, v_codes, v_scales, q_bias, out, lse,
-               heads, kv_group, n_q_pad, n_k, n_k_pad, scale_log2,
+               heads, kv_group, n_q_pad, n_k, n_k_pad, scales, causal_offset,
                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-               CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, P_MAX: tl.constexpr,
+               CAUSAL: tl.constexpr, HAS_BIAS: tl.constexpr, FP4_MAX: tl.constexpr,
                NATIVE: tl.constexpr):
+    # scales: prepare.kernel_scales (score scale, LSE factor, V scale); a causal row i sees keys j <= i + causal_offset.
     pid_m = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     bkv = (bh // heads) * (heads // kv_group) + (bh % heads) // kv_group
@@ -80,12 +80,13 @@ def _sage3_fwd(q_codes, q_scales, k_codes, k_scales, v_codes, v_scales, q_bias, 
     q = tl.load(q_codes + q_row[:, None] * (HEAD_DIM // 2) + d_half[None, :])
     qs = tl.load(q_scales + q_row[:, None] * (HEAD_DIM // 16) + d_grp[None, :])
 
+    scale_log2 = tl.load(scales)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     # A causal program skips the tiles past its diagonal (fully masked). The bound stays the same
     # for every program because the interpreter cannot take a loop bound from program_id.
-    last = (pid_m + 1) * BLOCK_M if CAUSAL else n_k_pad
+    last = (pid_m + 1) * BLOCK_M + causal_offset if CAUSAL else n_k_pad
     for start in range(0, n_k_pad, BLOCK_N):
         if start < last:
             cols = start + tl.arange(0, BLOCK_N)
@@ -98,17 +99,18 @@ def _sage3_fwd(q_codes, q_scales, k_codes, k_scales, v_codes, v_scales, q_bias, 
             s = s * scale_log2
             keep = cols[None, :] < n_k
             if CAUSAL:
-                keep = keep & (cols[None, :] <= rows[:, None])
+                keep = keep & (cols[None, :] <= rows[:, None] + causal_offset)
             s = tl.where(keep, s, float("-inf"))
 
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            alpha = tl.math.exp2(m_i - m_new)
-            p = tl.math.exp2(s - m_new[:, None])
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no visible key yet: avoid -inf - -inf
+            alpha = tl.math.exp2(m_i - m_safe)
+            p = tl.math.exp2(s - m_safe[:, None])
             l_i = l_i * alpha + tl.sum(p, axis=1)
 
-            # Two-level P quantization (reference.quantize_p): row max -> 6 * 448, then NVFP4 per 16 keys.
+            # Two-level P quantization (reference.quantize_p): row max -> FP4_MAX = 6 * 448, then NVFP4 per 16 keys.
             row_max = tl.max(p, axis=1)
-            s1 = tl.where(row_max > 0, row_max / P_MAX, 1.0)
+            s1 = tl.where(row_max > 0, row_max / FP4_MAX, 1.0)
             p_codes, p_scales = _quantize_rows_nvfp4(tl.math.div_rn(p, s1[:, None]), BLOCK_M, BLOCK_N)
 
             v_ch = bkv * HEAD_DIM + d_all
@@ -118,17 +120,23 @@ def _sage3_fwd(q_codes, q_scales, k_codes, k_scales, v_codes, v_scales, q_bias, 
             acc = acc * alpha[:, None] + pv * s1[:, None]
             m_i = m_new
 
+    # reference.attention_reference's epilogue: 0 for a row without visible keys, else the output clamped
+    # to V's range (NaN kept) times V's tensor scale.
+    o = acc / l_i[:, None]
+    o = tl.where(o > FP4_MAX, FP4_MAX, tl.where(o < -FP4_MAX, -FP4_MAX, o))
+    o = tl.where(l_i[:, None] == 0, 0.0, o) * tl.load(scales + 2)
     o_row = bh * n_q_pad + rows
-    tl.store(out + o_row[:, None] * HEAD_DIM + d_all[None, :], acc / l_i[:, None])
-    tl.store(lse + o_row, (m_i + tl.math.log2(l_i)) * 0.6931471805599453)
+    tl.store(out + o_row[:, None] * HEAD_DIM + d_all[None, :], o)
+    tl.store(lse + o_row, (m_i * tl.load(scales + 1) + tl.math.log2(l_i)) * 0.6931471805599453)
 
 
 def has_native_nvfp4_mma(device: torch.device) -> bool:
-    """Block-scaled FP4 tensor cores: sm_100 (B200/GB200), sm_120/sm_121 (RTX 50xx, RTX PRO, DGX Spark)."""
-    return torch.cuda.get_device_capability(device) in SUPPORTED_CAPABILITIES
+    """Whether the installed Triton lowers NVFP4 `tl.dot_scaled` to the FP4 tensor cores of this GPU."""
+    return dispatch.triton_native(device)
 
 
-def attention_triton(qi: QuantizedInputs, is_causal: bool, sm_scale: float, native: Optional[bool] = None):
+def attention_triton(qi: QuantizedInputs, is_causal: bool, sm_scale: float, causal_offset: int = 0,
+                     native: Optional[bool] = None):
     """Same contract as reference.attention_reference. native=None picks `tl.dot_scaled` where it compiles."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         from . import interpreter
@@ -145,7 +153,7 @@ def attention_triton(qi: QuantizedInputs, is_causal: bool, sm_scale: float, nati
     _sage3_fwd[grid](
         qi.q_codes, qi.q_scales, qi.k_codes, qi.k_scales, qi.v_codes, qi.v_scales,
         qi.q_bias if has_bias else out, out, lse,
-        heads, heads // kv_heads, n_q_pad, qi.n_k, n_k_pad, sm_scale * math.log2(math.e),
+        heads, heads // kv_heads, n_q_pad, qi.n_k, n_k_pad, kernel_scales(qi, sm_scale), causal_offset,
         HEAD_DIM=head_dim, BLOCK_M=Q_BLOCK, BLOCK_N=KV_TILE, CAUSAL=is_causal, HAS_BIAS=has_bias,
-        P_MAX=P_ROW_MAX, NATIVE=native, num_warps=8, num_stages=2)
+        FP4_MAX=nvfp4.MAX_VALUE, NATIVE=native, num_warps=8, num_stages=2)
     return out[:, :, :qi.n_q, :qi.head_dim], lse[:, :, :qi.n_q]

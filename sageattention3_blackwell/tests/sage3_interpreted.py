@@ -4,12 +4,10 @@ Triton reads TRITON_INTERPRET when a kernel is decorated, so this cannot share a
 tests that import the kernels compiled. Prints one JSON line of metrics per case.
 """
 import json
-import math
 import sys
 
-import torch
-
-from sage3_metrics import cosine, poisoned_empty, rel_l1
+from sage3_cases import case_args, case_inputs, compare
+from sage3_metrics import poisoned_empty
 from sageattn3 import triton_attn
 from sageattn3.prepare import quantize_inputs
 from sageattn3.reference import attention_reference
@@ -18,15 +16,10 @@ from sageattn3.reference import attention_reference
 def main(cases):
     triton_attn.torch.empty = poisoned_empty
     for case in cases:
-        b, h, h_kv, n_q, n_k, d = case["shape"]
-        g = torch.Generator().manual_seed(case["seed"])
-        q, k, v = (torch.randn(b, heads, n, d, generator=g) for heads, n in ((h, n_q), (h_kv, n_k), (h_kv, n_k)))
-        qi = quantize_inputs(q, k, v, case["per_block_mean"])
-        scale = 1 / math.sqrt(d)
-        ref, ref_lse = attention_reference(qi, case["causal"], scale)
-        out, lse = triton_attn.attention_triton(qi, case["causal"], scale, native=case["native"])
-        print(json.dumps(dict(case, cos=cosine(out, ref), rel_l1=rel_l1(out, ref),
-                              lse_err=(lse - ref_lse).abs().max().item(), finite=bool(out.isfinite().all()))))
+        qi = quantize_inputs(*case_inputs(case, case["seed"]), case.get("per_block_mean", True))
+        ref, ref_lse = attention_reference(qi, *case_args(case))
+        out, lse = triton_attn.attention_triton(qi, *case_args(case), native=case["native"])
+        print(json.dumps(dict(case, **compare(out, lse, ref, ref_lse))))
 
 
 if __name__ == "__main__":

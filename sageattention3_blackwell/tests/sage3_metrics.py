@@ -14,11 +14,12 @@ def rmse(a: torch.Tensor, ref: torch.Tensor) -> float:
     return (a.double() - ref.double()).pow(2).mean().sqrt().item()
 
 
-def sdpa_float64(q, k, v, is_causal=False, sm_scale=None):
+def sdpa_float64(q, k, v, is_causal=False, sm_scale=None, attn_mask=None):
     """Exact attention in float64, HND, with GQA by repeating K/V heads."""
     group = q.shape[1] // k.shape[1]
     k, v = (t.double().repeat_interleave(group, dim=1) for t in (k, v))
-    return torch.nn.functional.scaled_dot_product_attention(q.double(), k, v, is_causal=is_causal, scale=sm_scale)
+    return torch.nn.functional.scaled_dot_product_attention(q.double(), k, v, attn_mask=attn_mask,
+                                                            is_causal=is_causal, scale=sm_scale)
 
 
 def poisoned_empty(*shape, **kwargs):

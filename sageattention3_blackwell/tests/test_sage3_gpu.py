@@ -5,6 +5,7 @@
 import pytest
 import torch
 
+from sage3_cases import EXTREMES, case_args, case_inputs, check, compare
 from sage3_metrics import cosine, poisoned_empty, rel_l1, sdpa_float64
 from sageattn3 import sageattn3_blackwell, triton_attn
 from sageattn3.dispatch import EMULATION_ENV
@@ -120,3 +121,49 @@ def test_cuda_extension_loads_and_refuses_other_gpus(monkeypatch):
     with pytest.raises(RuntimeError, match="need sm_100 or sm_120/sm_121, got sm_"):
         _C.attention(qi.q_codes, qi.q_scales, qi.k_codes, qi.k_scales, qi.v_codes, qi.v_scales, qi.q_bias,
                      qi.n_k, 0.1, False)
+
+
+def _kernel(backend):
+    if backend == "triton":
+        return triton_attn.attention_triton
+    try:
+        from sageattn3 import cuda_attn, _C  # noqa: F401
+    except ImportError:
+        pytest.skip("sageattn3._C not built")
+    if not _is_blackwell():
+        pytest.skip("the CUDA kernels need sm_100/sm_120/sm_121")
+    return cuda_attn.attention_cuda
+
+
+@pytest.mark.parametrize("backend", ["triton", "cuda"])
+@pytest.mark.parametrize("case", EXTREMES, ids=str)
+def test_kernels_match_reference_on_hostile_input(monkeypatch, backend, case):
+    """Issue 18 on the GPU: bottom-right causal with fully masked rows, negative and capped sm_scale,
+    tiny and huge V, a NaN query row; each kernel against the reference on the same quantized operands."""
+    run = _kernel(backend)
+    qi = quantize_inputs(*case_inputs(case, seed=0, device="cuda"))
+    ref, ref_lse = attention_reference(qi, *case_args(case))
+    monkeypatch.setattr(triton_attn.torch, "empty", poisoned_empty)
+    r = compare(*run(qi, *case_args(case)), ref, ref_lse)
+    print(f"GPU {backend} vs reference {case}: cos={r['cos']:.6f} relL1={r['rel_l1']:.4f} lse_err={r['lse_err']:.2e}")
+    check(r)
+
+
+@pytest.mark.parametrize("v_magnitude", [1e-6, 6e4])
+def test_public_api_keeps_tiny_and_huge_v_on_gpu(v_magnitude):
+    q, k, v = _inputs(1, 4, 4, 512, 512, 128, dtype=torch.float16)
+    v = (v.float() * v_magnitude).clamp(-65504, 65504).half()
+    out = sageattn3_blackwell(q, k, v, allow_emulation=True)
+    ref = sdpa_float64(q, k, v)
+    assert out.isfinite().all() and cosine(out, ref) >= 0.975
+
+
+def test_backward_is_refused_in_eager_and_compiled_code_on_gpu():
+    q, k, v = (t.requires_grad_() for t in _inputs(1, 2, 2, 256, 256, 64, dtype=torch.float16))
+    compiled = torch.compile(lambda q, k, v: sageattn3_blackwell(q, k, v, allow_emulation=True))
+    for fn in (lambda q, k, v: sageattn3_blackwell(q, k, v, allow_emulation=True), compiled):
+        out = fn(q, k, v)
+        with torch.no_grad():
+            assert cosine(out, sageattn3_blackwell(q, k, v, allow_emulation=True)) >= 0.999
+        with pytest.raises(RuntimeError, match="has no backward pass"):
+            out.float().sum().backward()

@@ -98,7 +98,7 @@ def test_inputs_are_not_modified_and_layouts_agree():
 
 
 @pytest.mark.parametrize("kwargs, error, match", [
-    (dict(attn_mask=torch.ones(64, 64, dtype=torch.bool)), ValueError, "attn_mask is not supported"),
+    (dict(attn_mask=torch.ones(64, 64, dtype=torch.bool)), ValueError, "attn_mask must be None or a causal mask"),
     (dict(tensor_layout="BHSD"), ValueError, "tensor_layout must be"),
     (dict(backend="fast"), ValueError, "backend must be one of"),
     (dict(), ValueError, "need CUDA tensors"),  # backend="auto" on CPU

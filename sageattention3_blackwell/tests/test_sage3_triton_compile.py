@@ -12,7 +12,7 @@ from sageattn3 import triton_attn
 
 SIGNATURE = dict(q_codes="*u8", q_scales="*fp8e4nv", k_codes="*u8", k_scales="*fp8e4nv", v_codes="*u8",
                  v_scales="*fp8e4nv", q_bias="*fp32", out="*fp32", lse="*fp32", heads="i32", kv_group="i32",
-                 n_q_pad="i32", n_k="i32", n_k_pad="i32", scale_log2="fp32")
+                 n_q_pad="i32", n_k="i32", n_k_pad="i32", scales="*fp32", causal_offset="i32")
 
 # capability -> (NATIVE, instruction expected in the PTX, in the SASS)
 TARGETS = {
@@ -41,7 +41,7 @@ def test_compile_checks_in_a_clean_process():
 @pytest.mark.parametrize("capability", sorted(TARGETS))
 def test_triton_kernel_compiles_to_block_scaled_mma(capability, tmp_path):
     native, ptx_instruction, sass_instruction = TARGETS[capability]
-    constants = dict(HEAD_DIM=128, BLOCK_M=128, BLOCK_N=64, CAUSAL=True, HAS_BIAS=True, P_MAX=2688.0, NATIVE=native)
+    constants = dict(HEAD_DIM=128, BLOCK_M=128, BLOCK_N=64, CAUSAL=True, HAS_BIAS=True, FP4_MAX=2688.0, NATIVE=native)
     signature = dict(SIGNATURE, **{name: "constexpr" for name in constants})
     kernel = triton.compile(triton.compiler.ASTSource(triton_attn._sage3_fwd, signature, constants),
                             target=GPUTarget("cuda", capability, 32), options=dict(num_warps=8, num_stages=2))
