@@ -4,7 +4,7 @@ Each variant is built by the `rattler-build` CLI when it is on PATH, else by the
 engine, in a child process whose output goes to dist/logs/<variant>.log. Packages land in a
 scratch folder first and are moved into the channel only when the build (and its package tests)
 succeeded, so the channel never holds a partial package. The channel is indexed, each new package
-is exported as a wheel, and per-variant find-links pages are written.
+is exported as a wheel, and pip indexes per CUDA × torch are written (scripts.index_pages).
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from scripts.index_pages import write_pages
+from scripts.index_pages import write_indexes
 from scripts.matrix import console as make_console
 from scripts.matrix import table as plan_table
 from scripts.render import write_variant_config
@@ -138,7 +138,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
                 except ExportError as exc:
                     o.ok, o.note = False, f"wheel export: {exc}"
         if any(o.wheel for o in outcomes):
-            write_pages(sorted(args.wheels.glob("*.whl")), args.index)
+            write_indexes({w: str(w.resolve()) for w in args.wheels.glob("*.whl")}, args.index)
     console.print(summary(outcomes))
     if os.environ.get("GITHUB_STEP_SUMMARY"):
         with open(os.environ["GITHUB_STEP_SUMMARY"], "a") as fh:
@@ -157,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="channel to take dependencies from (repeatable; default conda-forge), e.g. file:///srv/standin")
     parser.add_argument("--output", type=Path, default=ROOT / "dist" / "channel", help="output channel (indexed)")
     parser.add_argument("--wheels", type=Path, default=ROOT / "dist" / "wheels")
-    parser.add_argument("--index", type=Path, default=ROOT / "dist" / "index", help="per-variant find-links pages")
+    parser.add_argument("--index", type=Path, default=ROOT / "dist" / "index",
+                        help="pip indexes per CUDA × torch (scripts.index_pages)")
     parser.add_argument("--logs", type=Path, default=ROOT / "dist" / "logs")
     parser.add_argument("--no-wheels", action="store_true", help="build conda packages only")
     parser.add_argument("--dry-run", action="store_true", help="show the plan, build nothing")

@@ -6,6 +6,7 @@
   release-assets  the wheels a tag's GitHub Release holds, from variants/ (--check DIR: DIR holds them all)
   release         create the tag's GitHub Release unless it exists, then upload this platform's assets (gh)
   upload-channel  upload conda packages to a prefix.dev channel (skipped with a notice when no key is set)
+  pages           the pip indexes of every release's wheels, as the GitHub Pages site (docs/installing.md)
 
 Release tags: v<version> releases sageattention (v2.2.0), v<version>-sage3 releases sageattn3 (v1.0.0-sage3).
 """
@@ -22,6 +23,8 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
+from scripts.index_pages import write_indexes
+from scripts.outputs import finished
 from scripts.variants import PACKAGES, PLATFORMS, Variant, VariantError, load
 from scripts.wheel_names import is_wheel_named, wheel_flavour
 
@@ -107,9 +110,9 @@ def write_github_output(values: dict[str, str]) -> None:
 
 
 def outputs(v: Variant, where: Path) -> tuple[list[Path], list[Path]]:
-    """The wheels and conda packages under `where` that are builds of `v`."""
-    wheels = [p for p in sorted(where.rglob("*.whl")) if is_wheel_named(v.wheel, p.name)]
-    condas = sorted(where.rglob(f"{v.package}-{v.version}-{v.build_string_prefix}h*.conda"))
+    """The finished wheels and conda packages under `where` that are builds of `v`."""
+    wheels = [p for p in finished(where, "*.whl") if is_wheel_named(v.wheel, p.name)]
+    condas = finished(where, f"{v.package}-{v.version}-{v.build_string_prefix}h*.conda")
     return wheels, condas
 
 
@@ -151,7 +154,7 @@ def release_files(tag: str, platform: str, where: Path) -> list[Path]:
     """This platform's wheels and conda packages for a tag, after checking nothing is missing or extra."""
     variants = release_variants(tag, platform)
     problems = [f"{v.name}: {p}" for v in variants for p in build_problems(v, where)]
-    extra = [w.name for w in sorted(where.rglob("*.whl")) if not any(is_wheel_named(v.wheel, w.name) for v in variants)]
+    extra = [w.name for w in finished(where, "*.whl") if not any(is_wheel_named(v.wheel, w.name) for v in variants)]
     problems += [f"unexpected wheel {name}: not a {platform} build of {tag}" for name in extra]
     if problems:
         raise CIError(f"{tag} on {platform}: release assets incomplete:\n  " + "\n  ".join(problems))
@@ -195,8 +198,8 @@ def publish(tag: str, platform: str, where: Path, gh: str = "gh") -> list[Path]:
 
 
 def upload_channel(where: Path, channel: str) -> int:
-    """Upload every .conda under `where` with `rattler-build upload prefix`; the key comes from PREFIX_API_KEY."""
-    packages = sorted(where.rglob("*.conda"))
+    """Upload every finished .conda under `where` with `rattler-build upload prefix`; the key comes from PREFIX_API_KEY."""
+    packages = finished(where, "*.conda")
     if not packages:
         raise CIError(f"no .conda packages under {where}")
     if not os.environ.get("PREFIX_API_KEY"):
@@ -209,6 +212,35 @@ def upload_channel(where: Path, channel: str) -> int:
     # rattler-build reads the key from the environment, so it never appears on a command line.
     return subprocess.run([cli, "upload", "prefix", "--channel", channel, "--skip-existing", *map(str, packages)],
                           check=False).returncode
+
+
+def pages(out: Path, site_url: str, gh: str = "gh") -> dict:
+    """Write the pip indexes (scripts.index_pages) of the wheels of every release of both packages into `out`.
+
+    Each run rebuilds the whole site from the releases (GitHub Pages holds one site), so the last deployment has
+    every wheel; the links point at the releases' downloads, hashed from a downloaded copy."""
+    repo = os.environ.get("GITHUB_REPOSITORY")
+    if not repo:
+        raise CIError("GITHUB_REPOSITORY is not set: the index links point at https://github.com/<repo>/releases")
+    listed = _gh(gh, "release", "list", "--limit", "1000", "--json", "tagName", "--jq", ".[].tagName")
+    if listed.returncode != 0:
+        raise CIError(f"gh release list failed: {listed.stderr.strip()}")
+    wheels = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for tag in listed.stdout.split():
+            try:
+                release_of(tag)
+            except CIError:
+                continue  # not one of our release tags
+            where = Path(tmp) / tag
+            got = _gh(gh, "release", "download", tag, "--pattern", "*.whl", "--dir", str(where))
+            if got.returncode != 0:
+                raise CIError(f"gh release download {tag} failed: {got.stderr.strip()}")
+            wheels.update({w: f"https://github.com/{repo}/releases/download/{tag}/{w.name}"
+                           for w in finished(where, "*.whl")})
+        if not wheels:
+            raise CIError("no release holds wheels: nothing to index")
+        return write_indexes(wheels, out, site_url)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -245,6 +277,11 @@ def _run(args: argparse.Namespace) -> int:
         files = publish(args.tag, args.platform, args.dist)
         print(f"{args.tag}: uploaded {len(files)} {args.platform} assets")
         return 0
+    if args.command == "pages":
+        listing = pages(args.out, args.site_url)
+        print("\n".join(f"{name}: {', '.join(f'{p} {v[-1]}' for p, v in projects.items())}"
+                        for name, projects in listing.items()))
+        return 0
     return upload_channel(args.dist, args.channel)
 
 
@@ -279,6 +316,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--channel", default=os.environ.get("PREFIX_CHANNEL") or DEFAULT_CHANNEL,
                    help=f"prefix.dev channel (default: $PREFIX_CHANNEL, else {DEFAULT_CHANNEL})")
     p.add_argument("dist", type=Path, nargs="?", default=Path("dist"))
+    p = sub.add_parser("pages", help="pip indexes of every release's wheels, for GitHub Pages (uses gh)")
+    p.add_argument("--out", type=Path, required=True, help="the site folder to write")
+    p.add_argument("--site-url", required=True, help="where the site is served (the install helper's default)")
     args = parser.parse_args(argv)
     if args.command == "release-assets" and args.check and not args.platform:
         parser.error("release-assets --check needs --platform")

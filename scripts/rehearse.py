@@ -12,9 +12,14 @@ No conda channel is reachable here, so a recipe that only renders never ran. Thi
    indexes the output channel and exports the wheels;
 3. checks what came out: each package holds only its own modules, its build script saw the caller's
    TORCH_CUDA_ARCH_LIST and MAX_JOBS, and every CUDA extension holds device code for exactly that arch;
+   the package and the wheel are named for that arch list (sm120 in the build string and the build tag),
+   and both hold sageattention's compiled modules (_C_sm80, _C_sm89) with the MMA instructions their
+   kernels are made of (KERNELS: INT8 IMMA in both, the e4m3 QMMA in _C_sm89);
    rattler installs each package from the output channel into a fresh prefix, where it and its
-   extension modules import; real pip installs each wheel into a fresh venv (torch from the downloaded
-   wheels, no index) and imports it, extension modules included (scripts.wheel_check).
+   extension modules import; each package carries its source tree's LICENSE; then the workflows' wheel
+   check (scripts.wheel_check --cuda-torch) runs on each wheel: real pip installs PyPI's CUDA torch (from
+   the downloaded wheels, no index) and the wheel into a fresh venv, which imports it, compiled modules
+   included; its license files are in dist-info/licenses.
 
 torch's wheels (~2.6 GB) and the PyPI tree installed from them stay under --work between runs; the
 channels, packages and wheels are made fresh. Exits 1 when a step fails, naming it and its log.
@@ -31,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -47,6 +53,14 @@ PROFILE = "pytorch211"
 VARIANTS = {"sageattention": "linux-sage2-pytorch211-cu130-python311",
             "sageattn3": "linux-sage3-pytorch211-cu130-python311"}
 ARCH = "12.0"  # one arch keeps the kernel build short; sageattn3 needs a Blackwell one
+# Compiled modules a package must ship -> the SASS instructions (name -> regex) its kernels must contain:
+# the int8 MMA (Q·K) in both families, the fp16 MMA (P·V) in sm80's, the e4m3 MMA (P·V) in sm89's.
+KERNELS = {
+    "sageattention": {
+        "sageattention/_C_sm80": {"IMMA": r"\bIMMA\.", "HMMA": r"\bHMMA\."},
+        "sageattention/_C_sm89": {"IMMA": r"\bIMMA\.", "QMMA e4m3": r"\bQMMA\.\S*E4M3"},
+    },
+}
 
 
 class RehearsalError(RuntimeError):
@@ -54,7 +68,8 @@ class RehearsalError(RuntimeError):
 
 
 def chosen_variants() -> list[Variant]:
-    found = [load(package).named(name, PROFILE, "linux-64") for package, name in VARIANTS.items()]
+    # Built with TORCH_CUDA_ARCH_LIST=ARCH, so named for it: outputs of the variant's own list would not match.
+    found = [load(package).named(name, PROFILE, "linux-64").with_arch_list(ARCH) for package, name in VARIANTS.items()]
     # One stand-in channel serves both builds: they must agree on everything it provides.
     if len({(v.torch_version, v.cuda, v.python, tuple(sorted(v.toolchain.items()))) for v in found}) != 1:
         raise RehearsalError(f"{' and '.join(VARIANTS.values())} differ in torch, CUDA, Python or toolchain")
@@ -83,9 +98,7 @@ def site_files(extracted: Path, v: Variant) -> list[str]:
 
 def has_cuda_sources(v: Variant) -> bool:
     """Whether the recipe's source tree has CUDA kernels of its own (nested packages not counted)."""
-    recipe = ROOT / v.recipe
-    source = (recipe.parent / yaml.safe_load(recipe.read_text())["source"]["path"]).resolve()
-    for folder, dirs, files in os.walk(source):
+    for folder, dirs, files in os.walk(recipe_source(v)):
         dirs[:] = [d for d in dirs if not d.startswith(".") and d not in ("build", "dist", "output")
                    and not (Path(folder) / d / "pyproject.toml").exists()]
         if any(f.endswith(".cu") for f in files):
@@ -110,9 +123,7 @@ def check_contents(v: Variant, extracted: Path, jobs: int, cuobjdump: Path) -> s
     site = extracted / f"lib/python{v.python}/site-packages"
     found = {}
     for rel in (f for f in files if f.endswith(".so")):
-        listing = subprocess.run([str(cuobjdump), "--list-elf", str(site / rel)], capture_output=True, text=True,
-                                 check=False)
-        archs = {re.sub(r"[af]$", "", a) for a in re.findall(r"\.(sm_\d+[af]?)\.cubin", listing.stdout)}
+        archs = device_archs(site / rel, cuobjdump)
         if archs:
             found[rel] = archs
     wrong = {rel: sorted(a) for rel, a in found.items() if a != {wanted}}
@@ -121,6 +132,57 @@ def check_contents(v: Variant, extracted: Path, jobs: int, cuobjdump: Path) -> s
     if has_cuda_sources(v) and not found:
         raise RehearsalError(f"{v.name}: the recipe's sources have CUDA kernels but the package holds no device code")
     return f"{v.import_name} + {dist_info}; " + (", ".join(f"{rel}: {wanted}" for rel in found) or "no device code")
+
+
+def device_archs(binary: Path, cuobjdump: Path) -> set[str]:
+    """The archs of the cubins in a binary, e.g. {"sm_120"} ("a"/"f" suffixes dropped)."""
+    listing = subprocess.run([str(cuobjdump), "--list-elf", str(binary)], capture_output=True, text=True, check=False)
+    return {re.sub(r"[af]$", "", a) for a in re.findall(r"\.(sm_\d+[af]?)\.cubin", listing.stdout)}
+
+
+def check_kernels(package: str, site: Path, files: list[str], cuobjdump: Path) -> str:
+    """Each compiled module KERNELS names is in `files` (relative to `site`) once, with device code for ARCH only
+    and every instruction KERNELS lists in its SASS."""
+    wanted = f"sm_{ARCH.replace('.', '')}"
+    report = []
+    for module, instructions in KERNELS.get(package, {}).items():
+        matches = [f for f in files if f.startswith(f"{module}.") and f.endswith((".so", ".pyd"))]
+        if len(matches) != 1:
+            raise RehearsalError(f"{package}: expected one compiled {module.replace('/', '.')}, "
+                                 f"found {matches or 'none'}")
+        archs = device_archs(site / matches[0], cuobjdump)
+        if archs != {wanted}:
+            raise RehearsalError(f"{matches[0]}: device code for {sorted(archs) or 'no arch'}, expected only {wanted}")
+        sass = subprocess.run([str(cuobjdump), "-sass", str(site / matches[0])], capture_output=True, text=True,
+                              check=False).stdout
+        counts = {name: len(re.findall(pattern, sass)) for name, pattern in instructions.items()}
+        missing = [name for name, n in counts.items() if n == 0]
+        if missing:
+            raise RehearsalError(f"{matches[0]}: its {wanted} SASS has no {', no '.join(missing)}")
+        report.append(f"{module.split('/')[-1]} {wanted}: " + ", ".join(f"{n}× {name}" for name, n in counts.items()))
+    return "; ".join(report) or "none expected"
+
+
+def check_wheel_kernels(v: Variant, wheel: Path, cuobjdump: Path) -> str:
+    """check_kernels on the exported wheel's files."""
+    with tempfile.TemporaryDirectory(prefix="sage-wheel-") as tmp, zipfile.ZipFile(wheel) as whl:
+        whl.extractall(tmp)
+        return check_kernels(v.package, Path(tmp), whl.namelist(), cuobjdump)
+
+
+def recipe_source(v: Variant) -> Path:
+    """The source tree the recipe builds (its source.path)."""
+    recipe = ROOT / v.recipe
+    return (recipe.parent / yaml.safe_load(recipe.read_text())["source"]["path"]).resolve()
+
+
+def check_license(v: Variant, extracted: Path) -> str:
+    """The package carries its source tree's LICENSE in info/licenses/ (the recipe's about.license_file)."""
+    wanted = recipe_source(v) / "LICENSE"
+    packaged = extracted / "info" / "licenses" / "LICENSE"
+    if not packaged.is_file() or packaged.read_bytes() != wanted.read_bytes():
+        raise RehearsalError(f"{v.name}: info/licenses/LICENSE is missing or differs from {wanted}")
+    return f"info/licenses/LICENSE = {wanted.relative_to(ROOT)}"
 
 
 def rattler_install_and_import(v: Variant, conda: Path, extracted: Path, channels: list[Path], prefix: Path) -> str:
@@ -134,8 +196,9 @@ def rattler_install_and_import(v: Variant, conda: Path, extracted: Path, channel
                                         platforms=[v.platform, "noarch"], virtual_packages=virtual))
     asyncio.run(rattler.install(records, prefix, show_progress=False))
     modules = wheel_check.modules_to_import(site_files(extracted, v))
+    # From the prefix: from the checkout, `import sageattention` would find the sources, not the installed package.
     proc = subprocess.run([str(prefix / "bin" / "python"), "-c", "; ".join(f"import {m}" for m in modules)],
-                          capture_output=True, text=True, check=False)
+                          capture_output=True, text=True, check=False, cwd=prefix)
     if proc.returncode != 0:
         raise RehearsalError(f"{conda.name} installed by rattler into {prefix} does not import:\n{proc.stderr[-3000:]}")
     return f"{len(records)} packages; imported {', '.join(modules)}"
@@ -193,12 +256,23 @@ def rehearse(args: argparse.Namespace, r: Rehearsal) -> None:
             extract(conda, extracted)
             with r.step(f"{v.package}: package contents, build script env, CUDA archs") as s:
                 s["result"] = check_contents(v, extracted, args.jobs, cuobjdump)
+            if v.package in KERNELS:
+                with r.step(f"{v.package}: compiled modules and their SASS in the package") as s:
+                    site = extracted / f"lib/python{v.python}/site-packages"
+                    s["result"] = check_kernels(v.package, site, site_files(extracted, v), cuobjdump)
+            with r.step(f"{v.package}: license in the package") as s:
+                s["result"] = check_license(v, extracted)
             with r.step(f"{v.package}: rattler install into a fresh prefix, import") as s:
                 prefix = Path(tmp) / f"{v.package}-prefix"
                 s["result"] = rattler_install_and_import(v, conda, extracted, [dist / "channel", channel], prefix)
     for v, (_, wheel) in built.items():
-        with r.step(f"{v.package}: pip install the wheel into a fresh venv, import") as s:
-            if wheel_check.main([str(wheel), "--no-index", "--find-links", str(args.downloads)]) != 0:
+        if v.package in KERNELS:
+            with r.step(f"{v.package}: compiled modules and their SASS in the wheel") as s:
+                s["result"] = check_wheel_kernels(v, wheel, cuobjdump)
+        with r.step(f"{v.package}: the workflows' wheel check: CUDA torch, pip install, import") as s:
+            # The workflows' check (CUDA torch first, then the wheel and its compiled modules), offline: torch's
+            # CUDA wheels from PyPI stand in for PyTorch's index.
+            if wheel_check.main([str(wheel), "--cuda-torch", "--no-index", "--find-links", str(args.downloads)]) != 0:
                 raise RehearsalError(f"{wheel.name} failed scripts.wheel_check (table above)")
             s["result"] = wheel.name
 

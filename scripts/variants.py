@@ -5,7 +5,7 @@ validated once, with errors that name the file, the row and what is supported.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
 
@@ -14,7 +14,7 @@ import yaml
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from scripts.wheel_names import Flavour
+from scripts.wheel_names import Flavour, arch_tag
 
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS_DIR = ROOT / "variants"
@@ -55,6 +55,11 @@ class Variant:
     cuda_arch_list: str
     toolchain: dict = field(compare=False, hash=False)
     wheel_platform: str = ""
+    arch_tag: str = ""  # set by with_arch_list: built for other archs than cuda_arch_list
+
+    def with_arch_list(self, arch_list: str | None) -> Variant:
+        """This variant built with TORCH_CUDA_ARCH_LIST=arch_list, named as the recipes name such a build."""
+        return replace(self, arch_tag=arch_tag(arch_list, self.cuda_arch_list))
 
     @property
     def torch(self) -> str:
@@ -68,7 +73,7 @@ class Variant:
 
     @property
     def flavour(self) -> Flavour:
-        return Flavour(self.cuda, self.torch, self.python)
+        return Flavour(self.cuda, self.torch, self.python, self.arch_tag)
 
     @property
     def build_tag(self) -> str:
@@ -177,12 +182,32 @@ def _matches(v: Variant, sel: dict) -> bool:
     return all(wanted[k] == val for k, val in sel.items())
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key written twice in one mapping is an error (PyYAML keeps the last)."""
+
+
+def _unique_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict:
+    keys = [loader.construct_object(key, deep=True) for key, _ in node.value]
+    for i, key in enumerate(keys):
+        if key in keys[:i]:
+            raise yaml.MarkedYAMLError(problem=f"duplicate key {key!r}", problem_mark=node.value[i][0].start_mark)
+    return loader.construct_mapping(node, deep=True)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+
+
+def load_yaml(path: Path):
+    """One YAML file's data; unreadable, binary or malformed files and duplicate keys raise a one-line VariantError."""
+    try:
+        return yaml.load(path.read_text(encoding="utf-8"), Loader=_StrictLoader)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise VariantError(f"{path}: cannot read: {' '.join(str(exc).split())}") from exc
+
+
 def read(path: Path, definition: str) -> dict:
     """Load one YAML file of variants/ and validate it against its definition in schema.yaml."""
-    try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise VariantError(f"{path}: cannot read variant data: {exc}") from exc
+    data = load_yaml(path)
     errors = sorted(_validator(path.parent / "schema.yaml", definition).iter_errors(data),
                     key=lambda e: list(e.absolute_path))
     if errors:
@@ -194,7 +219,13 @@ def read(path: Path, definition: str) -> dict:
 @cache
 def _validator(schema_file: Path, definition: str):
     # One load() reads five files against this schema; parse it once per process.
-    schema = yaml.safe_load(schema_file.read_text())
+    schema = load_yaml(schema_file)
+    if not isinstance(schema, dict) or definition not in schema.get("$defs", {}):
+        raise VariantError(f"{schema_file}: not the variants schema (a mapping whose $defs define {definition!r})")
+    try:
+        jsonschema.Draft202012Validator.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        raise VariantError(f"{schema_file}: invalid JSON Schema: {exc.message}") from exc
     return jsonschema.Draft202012Validator({**schema, "$ref": f"#/$defs/{definition}"})
 
 
@@ -246,6 +277,9 @@ def load(package: str, root: Path = VARIANTS_DIR) -> Matrix:
     if package not in PACKAGES:
         raise VariantError(f"unknown package {package!r}; supported: {', '.join(PACKAGES)}")
     spec = read(root / f"{package}.yaml", "package")
+    if spec["package"] != package:
+        raise VariantError(f"{package}.yaml: package: {spec['package']!r} contradicts the file it is in; "
+                           f"{package}.yaml must describe {package!r}")
     current = read(root / "current.yaml", "current")
     facts = _Facts(root)
     if spec["arch_list"] not in spec["arch_lists"]:

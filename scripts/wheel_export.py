@@ -2,7 +2,9 @@
 
 The wheel holds the package's site-packages files and a fresh dist-info: METADATA whose
 Requires-Dist pins torch to the minor the package was built against, WHEEL with the build tag
-(280.129 = torch 2.8 + CUDA 12.9), and RECORD (written by `wheel.wheelfile.WheelFile`).
+(280.129 = torch 2.8 + CUDA 12.9), the package's license files (info/licenses/ -> licenses/,
+PEP 639) and RECORD (written by `wheel.wheelfile.WheelFile`). A package that cannot be exported
+gets one error line naming it; the others are still exported, and the exit status is then 2.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from rattler import MatchSpec, PathsJson
 from rattler.package_streaming import extract
 from wheel.wheelfile import WheelFile
 
+from scripts.outputs import finished
 from scripts.variants import PACKAGES, VARIANTS_DIR, load, read
 from scripts.wheel_names import Flavour, from_build_string
 
@@ -65,23 +68,31 @@ def _pep440(spec: MatchSpec) -> str:
     return f"=={version.removesuffix('.*')}.*"
 
 
-def _wheel_requires(package: str, platform: str) -> list[str]:
-    """Wheel-only dependencies the package's variant file names (e.g. triton-windows)."""
+def _wheel_requires(package: str, platform: str, flavour: Flavour) -> list[str]:
+    """Wheel-only dependencies the package's variant file names (e.g. triton-windows=={triton}.*), with {triton}
+    the Triton minor the wheel's torch pairs with."""
     if package not in PACKAGES:
         return []
-    return list(load(package).wheel_requires.get(platform, []))
+    wanted = load(package).wheel_requires.get(platform, [])
+    triton = _pypi_names().get("triton_for_torch", {}).get(flavour.torch)
+    if triton is None and any("{triton}" in r for r in wanted):
+        raise ExportError(f"variants/pypi.yaml: triton_for_torch has no entry for torch {flavour.torch}")
+    return [r.format(triton=triton) for r in wanted]
 
 
-def metadata(index: dict, about: dict, flavour: Flavour, version: str, requires: list[str]) -> Message:
+def metadata(index: dict, about: dict, flavour: Flavour, version: str, requires: list[str],
+             licenses: list[str] = ()) -> Message:
     msg = Message()
-    msg["Metadata-Version"] = "2.1"
+    msg["Metadata-Version"] = "2.4"  # License-Expression and License-File (PEP 639)
     msg["Name"] = index["name"]
     msg["Version"] = version
     msg["Summary"] = about.get("summary", "")
     if about.get("home"):
         msg["Home-page"] = about["home"]
     if about.get("license"):
-        msg["License"] = about["license"]
+        msg["License-Expression"] = about["license"]
+    for name in licenses:
+        msg["License-File"] = name
     major, minor = flavour.python.split(".")
     msg["Requires-Python"] = f">={major}.{minor},<{major}.{int(minor) + 1}"
     for req in requires:
@@ -151,41 +162,74 @@ def linux_platform_tag(wheel: Path) -> str:
     return name if name.startswith("manylinux_") else plain
 
 
+def unpack(conda: Path, pkg: Path) -> tuple[dict, dict]:
+    """Extract a .conda into pkg; returns its index.json and about.json. A corrupt archive is an ExportError."""
+    try:
+        extract(conda, pkg)
+        index = json.loads((pkg / "info" / "index.json").read_text(encoding="utf-8"))
+        about_file = pkg / "info" / "about.json"
+        about = json.loads(about_file.read_text(encoding="utf-8")) if about_file.exists() else {}
+    except (OSError, ValueError) as exc:  # ValueError: bad JSON or text
+        raise ExportError(f"not a readable conda package: {exc}") from exc
+    missing = [key for key in ("name", "version", "build", "subdir") if key not in index]
+    if missing:
+        raise ExportError(f"info/index.json lacks {', '.join(missing)}")
+    return index, about
+
+
+def license_files(pkg: Path) -> dict[str, Path]:
+    """The package's license files (info/licenses/, from the recipe's about.license_file) by relative name."""
+    root = pkg / "info" / "licenses"
+    found = {f.relative_to(root).as_posix(): f for f in sorted(root.rglob("*")) if f.is_file()}
+    if not found:
+        raise ExportError("the package has no license files (info/licenses/); set about.license_file in its recipe")
+    return found
+
+
 def export(conda: Path, out_dir: Path, *, local_version: bool = False, manylinux: bool = True) -> Path:
-    """Write the wheel for one .conda package into out_dir and return its path."""
+    """Write the wheel for one .conda package into out_dir and return its path; ExportError names the package."""
+    try:
+        return _export(conda, out_dir, local_version, manylinux)
+    except (ExportError, ValueError, subprocess.CalledProcessError) as exc:  # ValueError: a foreign build string
+        raise ExportError(f"{conda}: {' '.join(str(exc).split())}") from exc
+
+
+def _export(conda: Path, out_dir: Path, local_version: bool, manylinux: bool) -> Path:
     with tempfile.TemporaryDirectory(prefix="sage-export-") as tmp:
         pkg = Path(tmp) / "pkg"
-        extract(conda, pkg)
-        index = json.loads((pkg / "info" / "index.json").read_text())
-        about_file = pkg / "info" / "about.json"
-        about = json.loads(about_file.read_text()) if about_file.exists() else {}
+        index, about = unpack(conda, pkg)
         platform = index["subdir"]
         if platform not in _SITE:
-            raise ExportError(f"{conda.name}: platform {platform!r} not supported; supported: {', '.join(_SITE)}")
+            raise ExportError(f"platform {platform!r} not supported; supported: {', '.join(_SITE)}")
         flavour = from_build_string(index["build"])
         version = f"{index['version']}+{flavour.local_label}" if local_version else index["version"]
         files = site_packages_files(pkg, platform, flavour)
+        licenses = license_files(pkg)
         if platform == "linux-64":
             make_portable(files)
-        requires = requirements(index.get("depends", []), flavour, _wheel_requires(index["name"], platform))
+        requires = requirements(index.get("depends", []), flavour, _wheel_requires(index["name"], platform, flavour))
         plat = _PLATFORM_TAG[platform]
         if manylinux and platform == "linux-64":  # auditwheel inspects a draft wheel for its manylinux tag
             plat = linux_platform_tag(_write(Path(tmp), index, about, flavour, version, files, plat))
         out_dir.mkdir(parents=True, exist_ok=True)
-        return _write(out_dir, index, about, flavour, version, files, plat, requires)
+        return _write(out_dir, index, about, flavour, version, files, plat, requires, licenses)
 
 
 def _write(out_dir: Path, index: dict, about: dict, flavour: Flavour, version: str, files: dict[str, Path],
-           plat: str, requires: list[str] = ()) -> Path:
+           plat: str, requires: list[str] = (), licenses: dict[str, Path] | None = None) -> Path:
     name = flavour.wheel_name(index["name"], version, plat)
-    # Written in a scratch folder beside the target and renamed, so a failed export leaves no half-written wheel.
+    licenses = licenses or {}
+    # Written in a hidden scratch folder beside the target and renamed, so a failed export leaves no half-written
+    # wheel where a later step looks (scripts.ci skips hidden folders).
     with tempfile.TemporaryDirectory(dir=out_dir, prefix=".partial-") as scratch:
         partial = Path(scratch) / name
         with WheelFile(partial, "w") as whl:
             for inner in sorted(files):
                 whl.write(files[inner], inner)
+            for rel, path in licenses.items():
+                whl.write(path, f"{whl.dist_info_path}/licenses/{rel}")
             whl.writestr(f"{whl.dist_info_path}/METADATA",
-                         metadata(index, about, flavour, version, list(requires)).as_string())
+                         metadata(index, about, flavour, version, list(requires), list(licenses)).as_string())
             py = flavour.python_tag
             whl.writestr(f"{whl.dist_info_path}/WHEEL", wheel_info(flavour.build_tag, f"{py}-{py}-{plat}").as_string())
         return partial.replace(out_dir / name)
@@ -199,14 +243,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="name wheels 1.0.0+cu129torch2.8 so pip can choose by version")
     parser.add_argument("--no-manylinux", action="store_true", help="keep linux_x86_64 even when auditwheel qualifies")
     args = parser.parse_args(argv)
-    condas = [p for arg in args.packages for p in (sorted(arg.rglob("*.conda")) if arg.is_dir() else [arg])]
-    try:
-        for conda in condas:
+    condas = [p for arg in args.packages for p in (finished(arg, "*.conda") if arg.is_dir() else [arg])]
+    failed = 0
+    for conda in condas:
+        try:
             print(export(conda, args.out, local_version=args.local_version, manylinux=not args.no_manylinux))
-    except (ExportError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+        except ExportError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            failed += 1
+    return 2 if failed else 0
 
 
 if __name__ == "__main__":

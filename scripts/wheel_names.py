@@ -6,21 +6,30 @@ from dataclasses import dataclass
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-_BUILD_STRING = re.compile(r"^cu(?P<cuda>\d{3})torch(?P<torch>\d{2,3})py(?P<py>\d{2,3})h[0-9a-f]+_\d+$")
-_BUILD_TAG = re.compile(r"^(?P<torch>\d{2,3})0\.(?P<cuda>\d{3})$")
+# The optional sm<archs> records a TORCH_CUDA_ARCH_LIST other than the variant's (see arch_tag).
+_ARCHS = r"sm(?P<archs>\d[0-9afptx.]*)"
+_BUILD_STRING = re.compile(
+    rf"^cu(?P<cuda>\d{{3}})torch(?P<torch>\d{{2,3}})py(?P<py>\d{{2,3}})(?:{_ARCHS})?h[0-9a-f]+_\d+$")
+_BUILD_TAG = re.compile(rf"^(?P<torch>\d{{2,3}})0\.(?P<cuda>\d{{3}})(?:\.{_ARCHS})?$")
 
 
 @dataclass(frozen=True)
 class Flavour:
-    """CUDA, torch and Python a package was built for (torch and CUDA as major.minor)."""
+    """CUDA, torch and Python a package was built for (torch and CUDA as major.minor), and its arch tag: empty for
+    the variant's own arch list, else the other list it was built for (arch_tag), so the names differ too."""
 
     cuda: str
     torch: str
     python: str
+    archs: str = ""
+
+    @property
+    def _arch_suffix(self) -> str:
+        return f".sm{self.archs}" if self.archs else ""
 
     @property
     def build_tag(self) -> str:
-        return f"{self.torch.replace('.', '')}0.{self.cuda.replace('.', '')}"
+        return f"{self.torch.replace('.', '')}0.{self.cuda.replace('.', '')}{self._arch_suffix}"
 
     @property
     def python_tag(self) -> str:
@@ -28,8 +37,10 @@ class Flavour:
 
     @property
     def build_string_prefix(self) -> str:
-        """The conda build string up to its hash, e.g. cu129torch28py312 (from_build_string reads it back)."""
-        return f"cu{self.cuda.replace('.', '')}torch{self.torch.replace('.', '')}py{self.python.replace('.', '')}"
+        """The conda build string up to its hash, e.g. cu129torch28py312 or cu129torch28py312sm120 (from_build_string
+        reads it back)."""
+        return (f"cu{self.cuda.replace('.', '')}torch{self.torch.replace('.', '')}py{self.python.replace('.', '')}"
+                + (f"sm{self.archs}" if self.archs else ""))
 
     def wheel_name(self, name: str, version: str, platform: str) -> str:
         """PEP 427 filename of this flavour's wheel, e.g. sageattn3-1.0.0-280.129-cp312-cp312-linux_x86_64.whl."""
@@ -42,12 +53,25 @@ class Flavour:
 
     @property
     def local_label(self) -> str:
-        return f"cu{self.cuda.replace('.', '')}torch{self.torch}"
+        return f"cu{self.cuda.replace('.', '')}torch{self.torch}{self._arch_suffix}"
+
+
+def arch_tag(arch_list: str | None, variant_list: str) -> str:
+    """What a build string records of TORCH_CUDA_ARCH_LIST: "" when the build uses the variant's list (unset or
+    equal), else the list in build-string characters, "9.0a;12.0+PTX" -> "90a.120ptx". The recipes' `arch_tag`
+    computes the same in Jinja (tests/distribution/test_recipes.py renders both and compares)."""
+    chosen = (arch_list or "").strip() or variant_list
+    if chosen == variant_list:
+        return ""
+    chosen = chosen.replace(".", "")
+    for separator in ";, ":
+        chosen = chosen.replace(separator, ".")
+    return chosen.replace("+PTX", "ptx")
 
 
 def page_name(cuda: str, torch: str) -> str:
-    """Find-links page of a CUDA × torch pair, e.g. cu129-torch2.8."""
-    return f"cu{cuda.replace('.', '')}-torch{torch}"
+    """The pip index (scripts.index_pages) of a CUDA × torch pair, e.g. cu12-torch2.8: one per CUDA major."""
+    return f"cu{cuda.split('.')[0]}-torch{torch}"
 
 
 def _torch(digits: str) -> str:
@@ -64,12 +88,13 @@ def from_build_string(build: str) -> Flavour:
     """Decode a conda build string such as cu129torch28py312h1a2b3c4_0."""
     m = _BUILD_STRING.match(build)
     if not m:
-        raise ValueError(f"build string {build!r} does not look like cu<CUDA>torch<torch>py<Python>h<hash>_<n>")
-    return Flavour(_cuda(m["cuda"]), _torch(m["torch"]), f"{m['py'][0]}.{m['py'][1:]}")
+        raise ValueError(f"build string {build!r} does not look like "
+                         "cu<CUDA>torch<torch>py<Python>[sm<archs>]h<hash>_<n>")
+    return Flavour(_cuda(m["cuda"]), _torch(m["torch"]), f"{m['py'][0]}.{m['py'][1:]}", m["archs"] or "")
 
 
 def decode_build_tag(tag: str) -> tuple[str, str]:
-    """(torch, CUDA) from a wheel build tag such as 280.129."""
+    """(torch, CUDA) from a wheel build tag such as 280.129 (or 280.129.sm120, built for other archs)."""
     m = _BUILD_TAG.match(tag)
     if not m:
         raise ValueError(f"build tag {tag!r} is not <torch major><torch minor>0.<CUDA major><CUDA minor>, e.g. 280.129")

@@ -9,8 +9,9 @@ from packaging.utils import parse_wheel_filename
 
 from scripts import ci, matrix, wheel_check, wheel_export
 from scripts.ci import CIError, decide, main, release_variants
-from scripts.variants import load
+from scripts.variants import ROOT, load
 from scripts.wheel_names import Flavour, is_wheel_named
+from tests.ci.stand_ins import python_tool
 
 # The v1.0.0-sage3 release: 8 Linux + 8 Windows wheels, torch 2.7/2.8 × Python 3.10-3.13. The build tags are
 # what conda-forge builds against (BUILD_MATRIX.md): Linux 2.7 uses torch 2.7.1 + CUDA 12.9 (270.129),
@@ -178,9 +179,7 @@ sys.exit(code)
 @pytest.fixture
 def gh(tmp_path, monkeypatch):
     """A stand-in `gh` that records its calls; returns (path, state file)."""
-    script = tmp_path / "gh"
-    script.write_text(f"#!{sys.executable}\n{FAKE_GH}")
-    script.chmod(0o755)
+    script = python_tool(tmp_path, "gh", FAKE_GH)
     state = tmp_path / "gh-state.json"
     monkeypatch.setenv("FAKE_GH_STATE", str(state))
 
@@ -254,10 +253,12 @@ def test_check_wheels_imports_in_the_variants_python(tmp_path, monkeypatch):
     init = tmp_path / "__init__.py"
     init.touch()
     wheel = wheel_export._write(tmp_path, {"name": "sageattn3"}, {}, Flavour("12.8", "2.8", "3.12"), "1.0.0",
-                                {"sageattn3/__init__.py": init}, "win_amd64", ["torch==2.8.*"])
+                                {"sageattn3/__init__.py": init}, "win_amd64", ["torch==2.8.*"],
+                                {"LICENSE": ROOT / "LICENSE"})
     calls = []
-    monkeypatch.setattr(wheel_check, "install_and_import", lambda *args: calls.append(args))
-    cpu = "https://download.pytorch.org/whl/cpu"
-    assert wheel_check.main([str(wheel), "--python", "/opt/py312/bin/python", "--extra-index-url", cpu]) == 0
-    assert calls == [(wheel, ["--extra-index-url", cpu], False, "/opt/py312/bin/python")]
-    assert wheel_check.main([str(wheel), "--extra-index-url", cpu]) == 0 and len(calls) == 1  # not installable here
+    monkeypatch.setattr(wheel_check, "install_and_import", lambda *args: calls.append(args) or (True, "torch"))
+    mirror = "https://mirror.example/simple"
+    assert wheel_check.main([str(wheel), "--python", "/opt/py312/bin/python", "--extra-index-url", mirror,
+                             "--cuda-torch"]) == 0
+    assert calls == [(wheel, ["--extra-index-url", mirror], False, "/opt/py312/bin/python", True)]
+    assert wheel_check.main([str(wheel), "--extra-index-url", mirror]) == 0 and len(calls) == 1  # not installable here

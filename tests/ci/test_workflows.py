@@ -70,7 +70,7 @@ def test_callers_pass_package_platform_runner_and_choice(callers, name):
     assert build["with"]["runner"].startswith(runner)
     assert build["with"]["dispatch-profile"] == "${{ inputs.profile }}"
     assert build["secrets"] == {"PREFIX_API_KEY": "${{ secrets.PREFIX_API_KEY }}"}
-    assert build["permissions"] == {"contents": "write"}
+    assert build["permissions"] == {"contents": "write", "pages": "write", "id-token": "write"}
     choice = wf["on"]["workflow_dispatch"]["inputs"]["profile"]
     # The choice list is a copy of variants/: keep the two the same.
     assert choice["type"] == "choice" and choice["default"] == "default"
@@ -86,7 +86,7 @@ def test_reusable_inputs_match_what_callers_pass(reusable, callers):
 
 def test_jobs_run_in_the_seed_order(reusable):
     jobs = reusable["jobs"]
-    assert list(jobs) == ["validate", "generate-matrix", "build-wheels", "build-summary", "release"]
+    assert list(jobs) == ["validate", "generate-matrix", "build-wheels", "build-summary", "release", "pages"]
     needs = {name: set([job["needs"]] if isinstance(job.get("needs"), str) else job.get("needs", [])) for name, job in jobs.items()}
     assert needs["validate"] == set() and needs["generate-matrix"] == {"validate"}
     assert "generate-matrix" in needs["build-wheels"] and "build-wheels" in needs["build-summary"]
@@ -100,7 +100,7 @@ def _runs(job: dict) -> list[str]:
 
 def test_validate_decides_with_the_projects_profile_command(reusable):
     job = reusable["jobs"]["validate"]
-    (step,) = [s for s in job["steps"] if "run" in s]
+    (step,) = [s for s in job["steps"] if s.get("run", "").startswith("pixi run ci-profile")]
     assert step["run"].startswith("pixi run ci-profile --package \"$PACKAGE\"") and "--github-output" in step["run"]
     assert step["env"]["DISPATCH_PROFILE"] == "${{ inputs.dispatch-profile }}"
     assert '--dispatch-profile="$DISPATCH_PROFILE"' in step["run"]  # one argument even when empty (not dispatched)
@@ -128,6 +128,8 @@ def test_build_wheels_is_one_job_per_variant_with_checks_and_artifacts(reusable)
     assert any(r.startswith("pixi run ci-check-build ") for r in runs)  # names and CUDA >= 12.8 for sageattn3
     (check,) = [r for r in runs if r.startswith("pixi run check-wheels ")]  # PEP 427 name, metadata, import
     assert "--no-install" not in check and '--python "$PYTHON"' in check
+    # A CUDA torch of the wheel's version (PyTorch's index for its CUDA line): _C needs libc10_cuda to import.
+    assert "--cuda-torch" in check and "whl/cpu" not in check
     uploads = [s["with"] for s in job["steps"] if s.get("uses", "").startswith("actions/upload-artifact@")]
     assert uploads[0]["name"] == "pkg-${{ matrix.name }}" and uploads[0]["if-no-files-found"] == "error"
     assert "dist/wheels/*.whl" in uploads[0]["path"] and "dist/channel/*/*.conda" in uploads[0]["path"]
@@ -169,7 +171,7 @@ def test_run_steps_only_call_pixi_tasks_that_exist():
     for path in WORKFLOWS.glob("*.yml"):
         for job, step in run_steps(load_workflow(path)):
             # One line each, no shell logic: decisions belong in scripts/ where the tests reach them.
-            assert re.fullmatch(r"pixi run [a-z0-9-]+ [^\n;&|`]*", step["run"].strip()), (path.name, job, step["run"])
+            assert re.fullmatch(r"pixi run [a-z0-9-]+( [^\n;&|`]*)?", step["run"].strip()), (path.name, job, step["run"])
             assert step["run"].split()[2] in tasks, (path.name, job, step["run"])
 
 
@@ -186,3 +188,21 @@ def test_actions_are_pinned():
                 assert version == "v4", step["uses"]
     assert len(setup_pixi) == 1 and re.fullmatch(r"v\d+\.\d+\.\d+", setup_pixi.pop())
     assert len(pixi_versions) == 1 and re.fullmatch(r"v\d+\.\d+\.\d+", pixi_versions.pop())
+
+
+def test_pages_publishes_the_pip_indexes_after_a_release(reusable):
+    job = reusable["jobs"]["pages"]
+    assert job["if"] == "needs.validate.outputs.release == 'true'" and "release" in job["needs"]
+    assert job["permissions"] == {"contents": "read", "pages": "write", "id-token": "write"}
+    assert job["concurrency"] == {"group": "github-pages", "cancel-in-progress": False}  # deployments in turn
+    (run,) = _runs(job)
+    assert run == 'pixi run ci-pages --out site --site-url "$SITE_URL"'
+    uses = [s["uses"].split("@")[0] for s in job["steps"] if "uses" in s]
+    assert uses[-3:] == ["actions/configure-pages", "actions/upload-pages-artifact", "actions/deploy-pages"]
+
+
+def test_validate_uploads_the_pixi_lock_it_solved(reusable):
+    steps = reusable["jobs"]["validate"]["steps"]
+    assert "pixi run lock" in _runs(reusable["jobs"]["validate"])
+    (upload,) = [s["with"] for s in steps if s.get("uses", "").startswith("actions/upload-artifact@")]
+    assert upload["path"] == "pixi.lock" and upload["if-no-files-found"] == "error"

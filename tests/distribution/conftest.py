@@ -8,7 +8,8 @@ import pytest
 from rattler.index import index_fs
 
 from scripts.wheel_export import export
-from tests.distribution.helpers import PY, conda_package, stub_conda, stub_wheel, variant_for_this_python
+from tests.distribution.helpers import (PY, conda_package, stub_conda, stub_torch, stub_wheel,
+                                        variant_for_this_python)
 
 
 @pytest.fixture(scope="session")
@@ -43,7 +44,7 @@ def wheels(channel, tmp_path_factory):
 def stubs(tmp_path_factory):
     """Stand-in torch and triton wheels for pip: both torch minors are on offer, so any torch upgrade would be visible."""
     out = tmp_path_factory.mktemp("stubs")
-    stub_wheel(out, "torch", "2.7.0")
-    stub_wheel(out, "torch", "2.8.0")
+    stub_torch(out, "2.7.0")
+    stub_torch(out, "2.8.0")
     stub_wheel(out, "triton", "3.4.0")
     return out

@@ -14,7 +14,7 @@ from wheel.wheelfile import WheelFile
 
 from scripts.render import render
 from scripts.standin_channel import _pin
-from scripts.variants import Variant, load
+from scripts.variants import ROOT, Variant, load
 
 PY = f"{sys.version_info.major}.{sys.version_info.minor}"
 
@@ -48,7 +48,8 @@ def conda_package(variant: Variant, channel: Path, marker: str, rpath: str = "/o
     out = assemble_package(name=variant.package, version=variant.version, target_platform="linux-64",
                            build_string=rendered["build"]["string"], output_dir=channel / "linux-64",
                            files_dir=staged, depends=rendered["requirements"]["run"] + exported,
-                           summary=rendered["about"]["summary"], license=rendered["about"]["license"])
+                           summary=rendered["about"]["summary"], license=rendered["about"]["license"],
+                           license_files=[ROOT / "LICENSE"])
     return out.path
 
 
@@ -79,6 +80,11 @@ def stub_wheel(out: Path, name: str, version: str, body: str = "") -> Path:
         whl.writestr(f"{name}-{version}.dist-info/METADATA", meta.as_string())
         whl.writestr(f"{name}-{version}.dist-info/WHEEL", info.as_string())
     return path
+
+
+def stub_torch(out: Path, version: str, cuda: str | None = "12.9") -> Path:
+    """A stand-in torch wheel that knows its version and CUDA line (torch.version.cuda; None: a CPU build)."""
+    return stub_wheel(out, "torch", version, f"__version__ = {version!r}\n\n\nclass version:\n    cuda = {cuda!r}\n")
 
 
 def fresh_venv(where: Path) -> Path:

@@ -76,7 +76,7 @@ def test_successful_build_lands_indexed_with_wheel_and_page(tmp_path, capsys, mo
     assert list(repodata["packages.conda"]) == [prebuilt.name]
     (wheel,) = (dist / "wheels").glob("*.whl")
     assert wheel.name.startswith("sageattn3-1.0.0-280.129-")
-    assert wheel.name in (dist / "index/cu129-torch2.8/index.html").read_text()
+    assert wheel.name in (dist / "index/cu12-torch2.8/simple/sageattn3/index.html").read_text()
     assert "ok" in capsys.readouterr().out
 
 

@@ -9,6 +9,7 @@ from packaging.utils import parse_wheel_filename
 
 from scripts.wheel_export import ExportError, export, site_packages_files
 from scripts.wheel_names import Flavour
+from scripts.variants import ROOT
 from tests.distribution.helpers import PY, fresh_venv, pip, run_py
 
 VIRTUAL = ["__unix=0=0", "__linux=6.1=0", "__glibc=2.36=0"]
@@ -118,11 +119,21 @@ def test_windows_package_exports_a_win_amd64_wheel_with_triton_windows(tmp_path)
     out = assemble_package(name="sageattention", version="2.2.0", target_platform="win-64",
                            build_string="cu128torch28py312h0123abc_0", output_dir=tmp_path / "chan",
                            files_dir=tmp_path / "staged", depends=["python >=3.12,<3.13.0a0", "pytorch * cuda*",
-                                                                   "pytorch >=2.8,<2.9.0a0", "cuda-version >=12.8,<13"])
+                                                                   "pytorch >=2.8,<2.9.0a0", "cuda-version >=12.8,<13"],
+                           license_files=[ROOT / "LICENSE"])
     wheel = export(out.path, tmp_path / "wheels")
     assert wheel.name == "sageattention-2.2.0-280.128-cp312-cp312-win_amd64.whl"
     with zipfile.ZipFile(wheel) as zf:
         meta = zf.read("sageattention-2.2.0.dist-info/METADATA").decode()
         assert "sageattention/__init__.py" in zf.namelist()
     requires = [line.split(": ", 1)[1] for line in meta.splitlines() if line.startswith("Requires-Dist")]
-    assert requires == ["torch==2.8.*", "triton-windows>=3.2"]
+    assert requires == ["torch==2.8.*", "triton-windows==3.4.*"]  # the Triton torch 2.8 pins on Linux
+
+
+def test_every_windows_wheel_asks_for_the_triton_its_torch_pairs_with():
+    from scripts.variants import load
+    from scripts.wheel_export import _wheel_requires
+    pins = {v.torch: _wheel_requires(v.package, v.platform, v.flavour)
+            for package in ("sageattention", "sageattn3") for v in load(package).variants if v.platform == "win-64"}
+    assert pins["2.7"] == ["triton-windows==3.3.*"] and pins["2.10"] == ["triton-windows==3.6.*"]
+    assert all(len(p) == 1 and p[0].startswith("triton-windows==3.") for p in pins.values()), pins

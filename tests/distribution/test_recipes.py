@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from scripts.render import render
-from scripts.variants import ROOT, load
+from scripts.variants import PACKAGES, ROOT, load
 
 SCHEMAS = ROOT.parent / "shared" / "schemas"
 RECIPES = ["recipes/sageattention/recipe.yaml", "recipes/sageattn3/recipe.yaml"]
@@ -73,8 +73,10 @@ def test_build_strings_encode_cuda_torch_python_and_hash(rendered):
 def test_requirements_pin_the_variant(rendered):
     for v, out in rendered.items():
         req = out["recipe"]["requirements"]
+        # sageattention's binding includes only c10's CUDA headers: no cuBLAS/cuSPARSE/cuSOLVER headers needed.
+        cuda_dev = CUDA_DEV if v.package == "sageattn3" else CUDA_DEV[:1]
         assert req["host"] == ["python", "pip", "setuptools", f"pytorch {v.torch}.*", "pytorch * cuda*",
-                               f"cuda-version {v.cuda}.*", *CUDA_DEV], v.name
+                               f"cuda-version {v.cuda}.*", *cuda_dev], v.name
         triton = ["triton"] if v.platform == "linux-64" else []
         assert req["run"] == ["python", "pytorch * cuda*", *triton], v.name
         build = req["build"]
@@ -93,6 +95,18 @@ def test_script_forwards_arch_list_and_jobs(rendered):
         assert script["env"] == {"SAGE_BUILD_CUDA": "1", "TORCH_CUDA_ARCH_LIST": v.cuda_arch_list, "MAX_JOBS": "4"}
         assert script["content"] == "python -m pip install . -vv --no-deps --no-build-isolation"
         assert out["build_configuration"]["variant"]["cuda_arch_list"] == v.cuda_arch_list
+
+
+def test_a_build_for_other_archs_gets_another_name(monkeypatch):
+    # issue 19: two packages with different device code never share a name (conda build string, hence wheel name).
+    arch_list = " 9.0a;12.0+PTX "
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", arch_list)
+    chosen = [next(v for v in load(p).variants if v.platform == "linux-64" and v.cuda == "13.0") for p in PACKAGES]
+    for v, out in render(chosen).items():
+        built = v.with_arch_list(arch_list)
+        assert built.build_string_prefix == f"{v.build_string_prefix}sm90a.120ptx"
+        assert re.fullmatch(rf"{built.build_string_prefix}h[0-9a-f]{{7}}_0", out["recipe"]["build"]["string"]), v.name
+        assert out["recipe"]["build"]["script"]["env"]["TORCH_CUDA_ARCH_LIST"] == arch_list.strip()
 
 
 def test_package_tests_import_and_pip_check(rendered):

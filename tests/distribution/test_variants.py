@@ -6,7 +6,7 @@ import yaml
 
 from scripts.variants import VariantError, load
 
-EXTENDED = "7.0;7.5;8.0;8.6;8.7;8.9;9.0;10.0;12.0;12.1"
+EXTENDED = "8.0;8.6;8.7;8.9;9.0;10.0;10.3;12.0;12.1"
 
 # The seed documents' rows, per platform: (package, torch, CUDA, Python) as written there.
 SEED_ROWS = (
@@ -103,9 +103,9 @@ def test_named_profiles_pick_the_documented_rows():
 def test_arch_lists_follow_what_each_nvcc_can_target():
     sage2 = {(v.platform, v.cuda): v.cuda_arch_list for v in load("sageattention").variants}
     assert sage2[("linux-64", "12.9")] == EXTENDED
-    assert sage2[("linux-64", "13.0")] == EXTENDED.replace("7.0;", "")
-    assert sage2[("win-64", "12.8")] == "7.0;7.5;8.0;8.6;8.7;8.9;9.0;10.0;12.0"
-    assert sage2[("linux-64", "12.6")] == "7.0;7.5;8.0;8.6;8.7;8.9;9.0"
+    assert sage2[("linux-64", "13.0")] == EXTENDED
+    assert sage2[("win-64", "12.8")] == "8.0;8.6;8.7;8.9;9.0;10.0;12.0"
+    assert sage2[("linux-64", "12.6")] == "8.0;8.6;8.7;8.9;9.0"
     assert {v.cuda_arch_list for v in load("sageattn3").variants} == {"10.0;12.0"}
 
 
@@ -125,6 +125,15 @@ def edit(root, name, change):
     data = yaml.safe_load((root / name).read_text())
     change(data)
     (root / name).write_text(yaml.safe_dump(data))
+
+
+def test_an_arch_nvcc_dropped_leaves_the_newer_lines(variants_copy):
+    """toolchain.yaml's `until`: CUDA 13 dropped sm_70, so a list asking for it keeps it only on CUDA 12."""
+    edit(variants_copy, "sageattention.yaml", lambda d: d["arch_lists"]["extended"].insert(0, "7.0"))
+    lists = {v.cuda: v.cuda_arch_list for v in load("sageattention", variants_copy).variants
+             if v.platform == "linux-64"}
+    assert lists["12.9"] == "7.0;" + EXTENDED
+    assert lists["13.0"] == EXTENDED
 
 
 def test_unknown_package_and_profile_name_what_is_supported():

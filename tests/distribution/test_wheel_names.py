@@ -5,7 +5,7 @@ from hypothesis import strategies as st
 from packaging.utils import parse_wheel_filename
 
 from scripts.variants import PACKAGES, load
-from scripts.wheel_names import Flavour, decode_build_tag, from_build_string, wheel_flavour
+from scripts.wheel_names import Flavour, arch_tag, decode_build_tag, from_build_string, wheel_flavour
 
 torch = st.builds(lambda minor: f"2.{minor}", st.integers(0, 99))
 cuda = st.builds(lambda major, minor: f"{major}.{minor}", st.integers(10, 99), st.integers(0, 9))
@@ -28,7 +28,28 @@ def test_every_matrix_wheel_name_is_pep427_and_decodes():
             assert wheel_flavour(v.wheel) == (v.torch, v.cuda)
 
 
-@pytest.mark.parametrize("bad", ["py312h0_0", "cu129torch28h0_0", "cu12torch28py312h0_0"])
+@pytest.mark.parametrize("arch_list, tag", [
+    ("12.0", "120"), ("9.0a;12.0+PTX", "90a.120ptx"), (" 8.0 8.6,10.0f ", "80.86.100f"),
+])
+def test_a_build_for_other_archs_is_named_for_them(arch_list, tag):
+    variant = next(v for v in load("sageattention").variants if v.cuda == "13.0")
+    built = variant.with_arch_list(arch_list)
+    assert arch_tag(arch_list, variant.cuda_arch_list) == tag
+    assert built.build_string_prefix == f"{variant.build_string_prefix}sm{tag}"
+    assert built.build_tag == f"{variant.build_tag}.sm{tag}"
+    assert built.wheel != variant.wheel and wheel_flavour(built.wheel) == (variant.torch, variant.cuda)
+    assert from_build_string(f"{built.build_string_prefix}h0123abc_0") == built.flavour
+
+
+@pytest.mark.parametrize("arch_list", [None, "", "  "])
+def test_the_variants_own_arch_list_keeps_the_plain_names(arch_list):
+    variant = next(v for v in load("sageattention").variants if v.cuda == "13.0")
+    for same in (arch_list, variant.cuda_arch_list):
+        assert variant.with_arch_list(same).wheel == variant.wheel
+        assert variant.with_arch_list(same).build_string_prefix == variant.build_string_prefix
+
+
+@pytest.mark.parametrize("bad", ["py312h0_0", "cu129torch28h0_0", "cu12torch28py312h0_0", "cu129torch28py312smh0_0"])
 def test_foreign_build_strings_are_refused(bad):
     with pytest.raises(ValueError, match="does not look like"):
         from_build_string(bad)

@@ -82,3 +82,15 @@ def test_cuda_sources_are_the_recipes_own(tmp_path, monkeypatch, variant):
 
 def test_sageattn3_has_cuda_sources(variant):
     assert has_cuda_sources(variant)
+
+
+def test_the_package_must_carry_its_sources_license(tmp_path, variant):
+    pkg = extracted_package(tmp_path / "pkg", variant, OWN)
+    with pytest.raises(RehearsalError, match="info/licenses/LICENSE is missing or differs"):
+        rehearse.check_license(variant, pkg)
+    (pkg / "info/licenses").mkdir()
+    (pkg / "info/licenses/LICENSE").write_bytes((rehearse.recipe_source(variant) / "LICENSE").read_bytes())
+    assert rehearse.check_license(variant, pkg) == "info/licenses/LICENSE = sageattention3_blackwell/LICENSE"
+    (pkg / "info/licenses/LICENSE").write_text("All rights reserved.\n")
+    with pytest.raises(RehearsalError, match="differs from"):
+        rehearse.check_license(variant, pkg)
