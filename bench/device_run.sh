@@ -2,12 +2,23 @@
 # One device call: environment, GPU tests, correctness pass, parallel compile (bench.warm), benchmark. Logs and
 # results land in $OUT.
 # usage: bash bench/device_run.sh [quick|full|tests] [pytest args...]   (tests: GPU tests and correctness pass only)
+#        bash bench/device_run.sh models [bench.models args...]   (the real-model benchmark only; default arguments:
+#        --first-call --spread 3)
+# The compiled kernels are built in place first (TORCH_CUDA_ARCH_LIST = this GPU; ninja keeps later calls incremental).
 set -o pipefail
 mode=${1:-quick}; shift || true
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:$PWD/sageattention3_blackwell OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+arch=$(python3 -c "import torch; print('%d.%d' % torch.cuda.get_device_capability())")
+TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-$arch} MAX_JOBS=${MAX_JOBS:-16} SAGE_BUILD_CUDA=1 \
+  python3 setup.py build_ext --inplace >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+if [ "$mode" = models ]; then
+  [ "$#" -gt 0 ] || set -- --first-call --spread 3
+  python3 -m bench.models --out "$OUT" "$@" 2>&1 | tee "$OUT/models.log"
+  exit
+fi
 if [ "$#" -gt 0 ]; then python3 -m pytest -m gpu -q -p no:cacheprovider "$@" 2>&1 | tee "$OUT/pytest_gpu.log"; fi
 python3 -m bench.gpu_check 2>&1 | tee "$OUT/gpu_check.log"
 [ "$mode" = quick ] && python3 -m bench.profile 2>&1 | tee "$OUT/profile.log"

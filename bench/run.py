@@ -12,16 +12,18 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import shlex
 import sys
 from pathlib import Path
 
 import torch
 import triton
-from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.nn.functional import scaled_dot_product_attention as sdpa
+from torch.nn.attention import SDPBackend
 
 import sageattention
+from bench.workloads import attention_tops, sdpa_call
 from sageattention.core import sageattn_plan
+from sageattention.plan import Plan
 from sageattention.triton import attention, pipeline
 
 RESULTS = Path(__file__).parent / "results"
@@ -43,31 +45,47 @@ def long_shapes(quick: bool):
         yield dict(suite="b4h32", b=4, h=32, n=n, d=128, causal=False)
 
 
-def methods(q, k, v, causal: bool, plan: pipeline.Plan):
+def methods(q, k, v, causal: bool, plan: Plan):
     qb, kb, vb = (t.to(torch.bfloat16) for t in (q, k, v))
     xq = pipeline.quantize(q, k, v, plan)
     out = torch.empty_like(q)
     sm_scale = q.shape[-1] ** -0.5
-
-    def sdpa_with(backend):
-        def run():
-            with sdpa_kernel(backend):
-                return sdpa(qb, kb, vb, is_causal=causal)
-        return run
-
     return {
         "sage e2e": lambda: sageattention.sageattn(q, k, v, is_causal=causal),
         "sage kernel": lambda: pipeline.attend(xq, plan, out, sm_scale=sm_scale, is_causal=causal),
         "sage per-thread e2e": lambda: sageattention.sageattn(q, k, v, is_causal=causal, qk_quant_gran="per_thread"),
         "sage fp16-PV e2e": lambda: sageattention.sageattn_qk_int8_pv_fp16_triton(q, k, v, is_causal=causal),
-        "sdpa flash bf16": sdpa_with(SDPBackend.FLASH_ATTENTION),
-        "sdpa cudnn bf16": sdpa_with(SDPBackend.CUDNN_ATTENTION),
+        "sdpa flash bf16": sdpa_call(SDPBackend.FLASH_ATTENTION, qb, kb, vb, is_causal=causal),
+        "sdpa cudnn bf16": sdpa_call(SDPBackend.CUDNN_ATTENTION, qb, kb, vb, is_causal=causal),
     }
 
 
 def tops(shape, ms: float) -> float:
-    flops = 4 * shape["b"] * shape["h"] * shape["n"] ** 2 * shape["d"] / (2 if shape["causal"] else 1)
-    return flops / (ms * 1e-3) / 1e12
+    return attention_tops(shape["b"], shape["h"], shape["n"], shape["n"], shape["d"], shape["causal"], ms)
+
+
+def median_ms(fn, label: str) -> float | None:
+    """Median CUDA-event time of fn (L2 flushed between runs); None, with the error's first line on stderr, when
+    the method does not take the shape."""
+    try:
+        return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+    except Exception as e:  # a backend's refusal: RuntimeError, ValueError, NotImplementedError, ...
+        print(f"{label}: {type(e).__name__}: {e}".splitlines()[0], file=sys.stderr)
+        return None
+
+
+def run_meta(module: str, argv) -> dict:
+    """Device, versions and the exact command of a benchmark run."""
+    return dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                python=platform.python_version(),
+                command=shlex.join(["python", "-m", module, *(argv if argv is not None else sys.argv[1:])]))
+
+
+def write_results(stem: Path, meta: dict, rows: list, md: str) -> None:
+    """stem.json (meta and rows) and stem.md."""
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    stem.with_suffix(".json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+    stem.with_suffix(".md").write_text(md)
 
 
 def shapes(quick: bool, suites) -> list[dict]:
@@ -85,12 +103,8 @@ def run(quick: bool, suites, only=None) -> list[dict]:
         for name, fn in methods(q, k, v, shape["causal"], plan).items():
             if only and name not in only:
                 continue
-            try:
-                ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
-                row[name] = round(tops(shape, ms), 1)
-            except RuntimeError as e:  # a backend that does not take this shape
-                print(f"{name} {shape}: {e}".splitlines()[0], file=sys.stderr)
-                row[name] = None
+            ms = median_ms(fn, f"{name} {shape}")
+            row[name] = None if ms is None else round(tops(shape, ms), 1)
         rows.append(row)
         print(json.dumps(row), flush=True)
         del q, k, v
@@ -144,13 +158,9 @@ def main(argv=None) -> int:
     attention.ONE_FMA = not args.two_step
     rows = run(args.quick, set(args.suite or SUITES), args.methods and args.methods.split(","))
     names = [n for n in rows[0] if n not in ("suite", "b", "h", "n", "d", "causal")]
-    device = torch.cuda.get_device_name()
-    meta = dict(device=device, torch=torch.__version__, triton=triton.__version__, python=platform.python_version(),
-                command="python -m bench.run " + " ".join(argv if argv is not None else sys.argv[1:]))
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / device.replace(" ", "_")
-    stem.with_suffix(".json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
-    stem.with_suffix(".md").write_text(f"{meta}\n\n" + markdown(rows, names))
+    meta = run_meta("bench.run", argv)
+    stem = args.out / meta["device"].replace(" ", "_")
+    write_results(stem, meta, rows, f"{meta}\n\n{markdown(rows, names)}")
     chart(rows, names, stem.with_suffix(".png"))
     print(markdown(rows, names))
     return 0

@@ -1,11 +1,16 @@
 """The public API: upstream SageAttention 2.2's names, parameters and defaults, plus masks, GQA and LSE."""
 from __future__ import annotations
 
+import dataclasses
+import logging
+
 import torch
 
-from . import dispatch, inputs, ops
-from .quant_groups import check_granularity
-from .triton.pipeline import Plan
+from . import dispatch, fallback, inputs, ops
+from .plan import Plan
+from .quant_groups import GRANULARITIES, check_granularity
+
+_log = logging.getLogger("sageattention")
 
 # pv_accum_dtype -> (two-level accumulation, fp16 per-block accumulator)
 _PV_ACCUM = {
@@ -23,9 +28,15 @@ FP8_PV_ACCUM = ("fp32", "fp32+fp32", "fp32+fp16")
 SM90_PV_ACCUM = ("fp32", "fp32+fp32")
 QUANT_BACKENDS = ("triton", "cuda")
 
-# sageattn's granularity: one Q scale per 32 rows and one K scale per 128 keys lets the Triton kernel
-# dequantize a score tile with one FMA per element (per-thread K scales vary along the tile).
+# sageattn's granularity on the Triton kernels: one Q scale per 32 rows and one K scale per 128 keys lets the Triton
+# kernel dequantize a score tile with one FMA per element (per-thread K scales vary along the tile).
 SAGEATTN_GRAN = "per_warp"
+# ... and on the compiled kernels, where per-thread scales cost no more than per-block ones (a lane holds one Q and
+# one K scale per tile) and are what meets the accuracy target (docs/benchmarks.md).
+SAGEATTN_GRAN_COMPILED = "per_thread"
+COMPILED_MAX_HEAD_DIM = 128
+GRAN_CODE = {name: i for i, name in enumerate(GRANULARITIES)}  # csrc/common/params.h: Granularity
+ACC_F32, ACC_TWO_LEVEL, ACC_F16_INNER = 0, 1, 2  # csrc/common/params.h: PvAccum
 
 SAGEATTN_KWARGS = ("attn_mask", "dropout_p", "smooth_k", "smooth_v", "qk_quant_gran", "pv_accum_dtype",
                    "quantization_backend")
@@ -53,40 +64,98 @@ def sageattn_plan(cap) -> Plan:
                         accum_choices=None, smooth_k=True, smooth_v=False)
 
 
+def compiled_accum(plan: Plan) -> int:
+    """The compiled kernels' P·V accumulation for a plan. 16-bit P·V: the fp16 modes accumulate each 64-key tile in
+    fp16 (a tile that would overflow is redone in fp32), "fp32" accumulates in fp32."""
+    if plan.pv_fp8:
+        return ACC_F16_INNER if plan.pv_inner_fp16 else ACC_TWO_LEVEL if plan.pv_two_level else ACC_F32
+    return ACC_F16_INNER if plan.pv_two_level else ACC_F32
+
+
+def _route(fn_name, q, cap, plan, *, b, hq, nq, nk, is_causal, masked, return_lse, compiled):
+    """Which kernels run a call: ("sdpa", why), ("compiled", family) or ("triton", why)."""
+    d = q.shape[-1]
+    if fn_name == "sageattn":
+        why = fallback.sdpa_reason(b, hq, nq, nk, d, is_causal=is_causal, masked=masked, return_lse=return_lse)
+        if why:
+            return "sdpa", why
+    if cap is None:
+        return "triton", "CPU tensors run under Triton's interpreter"
+    if masked:
+        return "triton", "attn_mask is applied by the Triton kernels"
+    if d > COMPILED_MAX_HEAD_DIM:
+        return "triton", f"head_dim {d}: the compiled kernels take head_dim <= {COMPILED_MAX_HEAD_DIM}"
+    if not compiled and not dispatch.sageattn_prefers_compiled(cap):
+        return "triton", f"sm{cap[0]}{cap[1]}: sageattn prefers the Triton kernels here (sageattention/archs.py)"
+    family = dispatch.compiled_family(cap, plan.pv_fp8, q.device)
+    if family is None:
+        return "triton", f"this build has no compiled {'FP8' if plan.pv_fp8 else '16-bit'} P·V kernels for the GPU"
+    return "compiled", family
+
+
 def _attention(fn_name, q, k, v, *, tensor_layout, is_causal, sm_scale, qk_quant_gran, pv_fp8, pv_accum_dtype,
                accum_choices, smooth_k, smooth_v, return_lse, attn_mask=None, dropout_p=0.0, compiled=False,
-               only_archs=None):
-    """See `resolve_plan` for pv_fp8, pv_accum_dtype and accum_choices. compiled: fn_name is a `_cuda` variant,
-    served by the CUDA extension once it is built for the GPU."""
+               only_archs=None, explain=False):
+    """See `resolve_plan` for pv_fp8, pv_accum_dtype and accum_choices. qk_quant_gran None: the backend's default.
+    compiled: fn_name is a `_cuda` variant, served by the compiled kernels wherever the build has them for the GPU.
+    explain: return the route (backend, detail) instead of running."""
     b, hq, _, nq, nk = inputs.check_dense(q, k, v, tensor_layout)
-    plan = resolve_plan(fn_name, dispatch.capability(q.device), qk_quant_gran=qk_quant_gran, pv_fp8=pv_fp8,
+    cap = dispatch.capability(q.device)
+    plan = resolve_plan(fn_name, cap, qk_quant_gran=qk_quant_gran or SAGEATTN_GRAN, pv_fp8=pv_fp8,
                         pv_accum_dtype=pv_accum_dtype, accum_choices=accum_choices, smooth_k=smooth_k,
                         smooth_v=smooth_v)
     inputs.check_dropout(dropout_p)
     scale = inputs.resolve_sm_scale(sm_scale, q.shape[-1])
     mask = inputs.expand_mask(attn_mask, q, (b, hq, nq, nk))
     dispatch.check_supported(q.device, needs_fp8=plan.pv_fp8, only=only_archs)
-    out, lse = ops.run_attention(q, k, v, mask, tensor_layout, bool(is_causal), scale, *plan.fields(),
-                                 bool(return_lse), fn_name if compiled else "")
+    backend, detail = _route(fn_name, q, cap, plan, b=b, hq=hq, nq=nq, nk=nk, is_causal=bool(is_causal),
+                             masked=mask is not None, return_lse=bool(return_lse), compiled=compiled)
+    if explain:
+        return backend, detail
+    if not torch.compiler.is_compiling() and _log.isEnabledFor(logging.DEBUG):  # dynamo cannot trace loggers
+        _log.debug("%s: %s (%s)", fn_name, backend, detail)
+    if backend == "sdpa":
+        return fallback.sdpa(q, k, v, tensor_layout, bool(is_causal), scale)
+    if backend == "compiled":
+        if qk_quant_gran is None:
+            plan = dataclasses.replace(plan, qk_quant_gran=SAGEATTN_GRAN_COMPILED)
+        out, lse = ops.run_compiled_attention(q, k, v, tensor_layout == "NHD", bool(is_causal), scale, detail,
+                                              GRAN_CODE[plan.qk_quant_gran], compiled_accum(plan), plan.smooth_k,
+                                              plan.smooth_v, bool(return_lse))
+    else:
+        out, lse = ops.run_attention(q, k, v, mask, tensor_layout, bool(is_causal), scale, *plan.fields(),
+                                     bool(return_lse), fn_name if compiled else "")
     return (out, lse) if return_lse else out
 
 
+def explain(q, k, v, tensor_layout="HND", is_causal=False, sm_scale=None, return_lse=False, **kwargs) -> str:
+    """Which kernels `sageattn` would run for these arguments, and why, e.g. "compiled sm89 kernels" or
+    "sdpa: 77 keys (fewer than 128): quantizing K and V cannot pay off". Runs nothing."""
+    backend, detail = _sageattn(q, k, v, tensor_layout, is_causal, sm_scale, return_lse, kwargs, explain=True)
+    return f"compiled {detail} kernels" if backend == "compiled" else f"{backend}: {detail}"
+
+
 def sageattn(q, k, v, tensor_layout="HND", is_causal=False, sm_scale=None, return_lse=False, **kwargs):
-    """Quantized attention, a drop-in for scaled_dot_product_attention; picks the fastest kernel for the GPU.
+    """Quantized attention, a drop-in for scaled_dot_product_attention; picks the fastest kernel for the GPU
+    (`explain` says which; small problems go to SDPA, see sageattention/fallback.py).
 
     q: [B, Hq, Nq, D] ("HND") or [B, Nq, Hq, D] ("NHD"); k, v likewise with Hk heads (Hk divides Hq).
     Keyword arguments of the named variants are forwarded (smooth_k, smooth_v, qk_quant_gran,
     pv_accum_dtype, quantization_backend); attn_mask (bool, True = attend, or additive) and
     dropout_p=0.0 are accepted like SDPA. Returns out (q's layout and dtype), or (out, lse) with
     lse [B, Hq, Nq] fp32 natural-log logsumexp of the scaled scores."""
+    return _sageattn(q, k, v, tensor_layout, is_causal, sm_scale, return_lse, kwargs)
+
+
+def _sageattn(q, k, v, tensor_layout, is_causal, sm_scale, return_lse, kwargs, explain=False):
     inputs.check_kwargs("sageattn", kwargs, SAGEATTN_KWARGS)
     _check_quant_backend(kwargs.get("quantization_backend", "triton"))
     return _attention(
         "sageattn", q, k, v, tensor_layout=tensor_layout, is_causal=is_causal, sm_scale=sm_scale,
-        qk_quant_gran=kwargs.get("qk_quant_gran", SAGEATTN_GRAN), pv_fp8=None,
+        qk_quant_gran=kwargs.get("qk_quant_gran"), pv_fp8=None,
         pv_accum_dtype=kwargs.get("pv_accum_dtype"), accum_choices=None, smooth_k=kwargs.get("smooth_k", True),
         smooth_v=kwargs.get("smooth_v", False), return_lse=return_lse, attn_mask=kwargs.get("attn_mask"),
-        dropout_p=kwargs.get("dropout_p", 0.0),
+        dropout_p=kwargs.get("dropout_p", 0.0), explain=explain,
     )
 
 

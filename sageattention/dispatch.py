@@ -1,19 +1,22 @@
 """Which kernels serve which GPU.
 
-The Triton kernels serve every supported architecture. Compiled CUDA kernels (the optional
-extension `sageattention._C`, built from csrc/) take over for the architectures they were
-built for once they exist; until then the `_cuda` variants run the same algorithm on Triton.
+The Triton kernels serve every supported architecture. The compiled CUDA kernels (modules
+`sageattention._C_sm80` and `_C_sm89`, built from csrc/ for the archs of TORCH_CUDA_ARCH_LIST) serve the
+`_cuda` variants wherever the build holds them, and `sageattn` except where archs.py prefers Triton;
+elsewhere the same algorithm runs on Triton.
 """
 from __future__ import annotations
 
 import functools
+import importlib
 
 import torch
 
+from . import archs
+from .archs import supported_capabilities
 from .inputs import interpreting
 
-# Compute capabilities the Triton kernels are built and tuned for (INT8 tensor cores: sm80+).
-SUPPORTED = {(8, 0), (8, 6), (8, 7), (8, 9), (9, 0), (10, 0), (10, 3), (12, 0), (12, 1)}
+SUPPORTED = supported_capabilities()  # archs.py's table: what the build targets and the kernels serve
 FP8_MIN = (8, 9)  # FP8 tensor cores: Ada and newer
 TMA_MIN = (9, 0)  # the tensor memory accelerator: Hopper and newer
 
@@ -58,10 +61,35 @@ def default_pv_fp8(cap) -> bool:
 
 
 @functools.cache
-def cuda_extension_archs() -> frozenset:
-    """Architectures the compiled extension was built for (empty until csrc/ kernels exist)."""
+def compiled_module(family: str):
+    """sageattention._C_<family> (built from csrc/ by setup.py), or None when this build lacks it."""
     try:
-        from . import _C  # noqa: F401  (built by setup.py from csrc/)
+        return importlib.import_module(f"{__package__}._C_{family}")
     except ImportError:
-        return frozenset()
-    return frozenset(getattr(_C, "ARCHS", ()))
+        return None
+
+
+@functools.cache
+def _compiled_runs_on(family: str, index: int) -> bool:
+    module = compiled_module(family)
+    if module is None:
+        return False
+    with torch.cuda.device(index):
+        return module.runs_on_current_device()
+
+
+def compiled_family(cap, pv_fp8: bool, device: torch.device) -> str | None:
+    """The compiled kernel family that computes this P·V precision on `device` (capability `cap`): "sm89" (FP8)
+    or "sm80" (16-bit), when this build holds its module with device code for the GPU; else None."""
+    if cap is None:
+        return None
+    family = "sm89" if pv_fp8 else "sm80"
+    if cap < archs.version_tuple(archs.FAMILIES[family]["min_arch"]):
+        return None
+    index = torch.cuda.current_device() if device.index is None else device.index
+    return family if _compiled_runs_on(family, index) else None
+
+
+def sageattn_prefers_compiled(cap) -> bool:
+    """Whether `sageattn` runs the compiled kernels on this GPU when they are built for it (archs.py says why not)."""
+    return f"{cap[0]}.{cap[1]}" not in archs.SAGEATTN_PREFERS_TRITON

@@ -1,24 +1,24 @@
 """The real implementations behind the registered ops: layouts in, quantize, attend, layouts out."""
 from __future__ import annotations
 
+import functools
 import warnings
 
 import torch
 
-from .dispatch import capability, cuda_extension_archs
+from .dispatch import capability, compiled_family, compiled_module
 from .inputs import to_hnd
-from .triton import pipeline
-from .triton.pipeline import Plan
+from .plan import Plan
 
 _warned: set = set()
 
 
-def note_cuda_fallback(variant: str, device: torch.device) -> None:
-    """The `_cuda` variants run on Triton until the CUDA extension serves this GPU: say so once."""
+def note_cuda_fallback(variant: str, device: torch.device, pv_fp8: bool) -> None:
+    """A `_cuda` variant runs on Triton where this build has no compiled kernels for the GPU: say so once."""
     if not variant or variant in _warned:
         return
     cap = capability(device)
-    if cap is None or cap in cuda_extension_archs():
+    if cap is None or compiled_family(cap, pv_fp8, device) is not None:
         return
     _warned.add(variant)
     warnings.warn(
@@ -27,9 +27,43 @@ def note_cuda_fallback(variant: str, device: torch.device) -> None:
     )
 
 
+def compiled(q, k, v, nhd: bool, is_causal: bool, sm_scale: float, family: str, qk_gran: int, pv_accum: int,
+             smooth_k: bool, smooth_v: bool, return_lse: bool):
+    """The compiled kernels: quantization and attention in one extension call. Causal is bottom-right aligned
+    (key j visible to query i when j <= i + Nk - Nq), like the Triton path."""
+    nq, nk = q.shape[1 if nhd else 2], k.shape[1 if nhd else 2]
+    out, lse = compiled_module(family).attention(q, k, v, nhd, is_causal, nk - nq, sm_scale, qk_gran, qk_gran,
+                                                 pv_accum, smooth_k, smooth_v, return_lse)
+    return out, lse
+
+
+@functools.cache
+def _import_triton_pipeline():
+    from .triton import pipeline
+    return pipeline
+
+
+def triton_pipeline(device: torch.device):
+    """The Triton backend, imported on first use (then a cached lookup): `import sageattention` and the compiled
+    path work without Triton, which conda-forge lacks on win-64."""
+    try:
+        return _import_triton_pipeline()
+    except ImportError as e:
+        if e.name != "triton":
+            raise
+        cap = capability(device)
+        gpu = f"sm{cap[0]}{cap[1]}" if cap else str(device)
+        raise RuntimeError(
+            f"sageattention: the compiled CUDA kernels of this build are not available for {gpu}, and the Triton "
+            "kernels that serve it instead need Triton, which is not installed. Install it with "
+            "`pip install triton` (Linux) or `pip install triton-windows` (Windows)."
+        ) from e
+
+
 def dense(q, k, v, attn_mask, tensor_layout: str, is_causal: bool, sm_scale: float, plan: Plan, return_lse: bool):
     """Returns (out in q's layout and dtype, lse [B, H, Nq] fp32 or an empty tensor)."""
     qh, kh, vh = (to_hnd(t, tensor_layout) for t in (q, k, v))
+    pipeline = triton_pipeline(q.device)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     x = pipeline.quantize(qh, kh, vh, plan)
     lse = pipeline.attend(x, plan, to_hnd(out, tensor_layout), sm_scale=sm_scale, is_causal=is_causal,
@@ -49,6 +83,7 @@ def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, is_causal: bo
         lengths = cu_seqlens_k[1:] - cu_seqlens_k[:-1]
         seg_k = torch.repeat_interleave(torch.arange(n_seq, device=k.device, dtype=torch.int32), lengths,
                                         output_size=k.shape[0])
+    pipeline = triton_pipeline(q.device)
     qh, kh, vh = (t.unsqueeze(0).transpose(1, 2) for t in (q, k, v))  # [1, H, total, D] views
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     x = pipeline.quantize(qh, kh, vh, plan, seg_k=seg_k, n_seg=n_seq)

@@ -6,7 +6,7 @@ import torch
 
 from . import forward
 from .inputs import to_hnd
-from .triton.pipeline import Plan
+from .plan import Plan
 
 
 def _attention(
@@ -14,7 +14,7 @@ def _attention(
     is_causal: bool, sm_scale: float, qk_quant_gran: str, pv_fp8: bool, pv_two_level: bool, pv_inner_fp16: bool,
     smooth_k: bool, smooth_v: bool, return_lse: bool, cuda_variant: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    forward.note_cuda_fallback(cuda_variant, q.device)
+    forward.note_cuda_fallback(cuda_variant, q.device, pv_fp8)
     plan = Plan(qk_quant_gran, pv_fp8, pv_two_level, pv_inner_fp16, smooth_k, smooth_v)
     return forward.dense(q, k, v, attn_mask, tensor_layout, is_causal, sm_scale, plan, return_lse)
 
@@ -48,6 +48,28 @@ def _attention_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, is
     return torch.empty(q.shape, dtype=q.dtype, device=q.device)
 
 
+def _compiled_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, nhd: bool, is_causal: bool, sm_scale: float, family: str,
+    qk_gran: int, pv_accum: int, smooth_k: bool, smooth_v: bool, return_lse: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return forward.compiled(q, k, v, nhd, is_causal, sm_scale, family, qk_gran, pv_accum, smooth_k, smooth_v,
+                            return_lse)
+
+
+compiled_attention = torch.library.custom_op("sageattention::compiled_attention", _compiled_attention,
+                                             mutates_args=())
+
+
+@compiled_attention.register_fake
+def _compiled_attention_fake(q, k, v, nhd, is_causal, sm_scale, family, qk_gran, pv_accum, smooth_k, smooth_v,
+                             return_lse):
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # contiguous in the caller's layout, like the kernel
+    if not return_lse:
+        return out, q.new_empty((0,), dtype=torch.float32)
+    b, h, n, _ = to_hnd(q, "NHD" if nhd else "HND").shape
+    return out, q.new_empty((b, h, n), dtype=torch.float32)
+
+
 def call(op, impl, *args):
     """Eager calls skip the dispatcher (it costs tens of microseconds); compiled graphs see the op."""
     return op(*args) if torch.compiler.is_compiling() else impl(*args)
@@ -55,6 +77,10 @@ def call(op, impl, *args):
 
 def run_attention(*args):
     return call(attention, _attention, *args)
+
+
+def run_compiled_attention(*args):
+    return call(compiled_attention, _compiled_attention, *args)
 
 
 def run_attention_varlen(*args):

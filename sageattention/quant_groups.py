@@ -51,15 +51,31 @@ _K = {
 }
 
 
+# The compiled kernels (csrc/): a warp owns 16 query rows (one m16 MMA tile), so per_warp Q groups are 16 rows and
+# per_thread Q groups pair rows g and g + 8 of each 16; key tiles are 64 keys, so per_block K groups are 64 keys.
+# The per_thread K groups are the same as above.
+_Q_COMPILED = {
+    "per_block": Grouping(1, Q_BLOCK, 1, 1),
+    "per_warp": Grouping(Q_BLOCK // 16, 16, 1, 1),
+    "per_thread": Grouping(Q_BLOCK // 16, 2, 8, 1),
+}
+_K_COMPILED = {
+    "per_block": Grouping(1, 64, 1, 1),
+    "per_warp": Grouping(1, 64, 1, 1),
+    "per_thread": _K["per_thread"],
+}
+
+
 def check_granularity(name: str) -> str:
     if name not in GRANULARITIES:
         raise ValueError(f"qk_quant_gran={name!r} is not supported; use one of {GRANULARITIES}")
     return name
 
 
-def q_grouping(name: str) -> Grouping:
-    return _Q[check_granularity(name)]
+def q_grouping(name: str, compiled: bool = False) -> Grouping:
+    """compiled: the groups of the CUDA kernels in csrc/, else those of the Triton kernels."""
+    return (_Q_COMPILED if compiled else _Q)[check_granularity(name)]
 
 
-def k_grouping(name: str) -> Grouping:
-    return _K[check_granularity(name)]
+def k_grouping(name: str, compiled: bool = False) -> Grouping:
+    return (_K_COMPILED if compiled else _K)[check_granularity(name)]

@@ -66,14 +66,15 @@ def quantize_int8(x: torch.Tensor, g: Grouping, mean: torch.Tensor | None = None
     return round_to_int8(x32 * (1.0 / tok_scale)[..., None]), scale
 
 
-def quantize_v_fp8(v: torch.Tensor, mean: torch.Tensor | None = None):
-    """FP8 e4m3 quantization of v [B, H, N, D] with one scale per channel (absmax over tokens / 448).
+def quantize_v_fp8(v: torch.Tensor, mean: torch.Tensor | None = None, v_max: float = FP8_MAX):
+    """FP8 e4m3 quantization of v [B, H, N, D] with one scale per channel (absmax over tokens / v_max;
+    the compiled kernels use v_max 2.25 where an fp16 accumulator sums 64 keys of P * 448 * V).
 
     Returns (fp8 values [B, H, N, D], fp32 scales [B, H, D])."""
     v32 = v.float()
     if mean is not None:
         v32 = v32 - mean
-    scale = v32.abs().amax(dim=2) / FP8_MAX
+    scale = v32.abs().amax(dim=2) / v_max
     scale = torch.where(scale == 0, torch.ones_like(scale), scale)
     return (v32 * (1.0 / scale)[:, :, None, :]).to(torch.float8_e4m3fn), scale
 
@@ -128,17 +129,19 @@ def attention_fp64(q, k, v, *, is_causal=False, sm_scale=None, attn_mask=None):
 
 def sage_attention_reference(
     q, k, v, *, is_causal=False, sm_scale=None, qk_quant_gran="per_thread", pv_dtype="fp16",
-    smooth_k=True, smooth_v=False, attn_mask=None, p_scale=FP8_MAX,
+    smooth_k=True, smooth_v=False, attn_mask=None, p_scale=FP8_MAX, v_max=FP8_MAX, compiled=False,
 ):
     """The quantized algorithm on HND tensors. Returns (out in q's dtype, lse fp32 [B, H, Nq]).
 
     p_scale: FP8 P·V only: the factor P in [0, 1] is stretched by before its FP8 cast (448 fills
-    e4m3's range; the kernels use 1 when the per-block accumulator is fp16, which 448 could overflow)."""
+    e4m3's range; the Triton kernels use 1 when the per-block accumulator is fp16, which 448 could overflow;
+    the compiled ones keep 448 and scale V to +-v_max = 2.25 instead). compiled: the quantization groups of the
+    compiled kernels (quant_groups)."""
     b, hq, nq, d = q.shape
     nk = k.shape[2]
     sm_scale = d**-0.5 if sm_scale is None else sm_scale
     km = token_mean(k) if smooth_k else None
-    qg, kg = q_grouping(qk_quant_gran), k_grouping(qk_quant_gran)
+    qg, kg = q_grouping(qk_quant_gran, compiled), k_grouping(qk_quant_gran, compiled)
     q_i8, q_s = quantize_int8(q, qg)
     k_i8, k_s = quantize_int8(k, kg, km)
     q_deq = q_i8.double() * expand_groups(q_s, qg, nq)[..., None].double()
@@ -150,7 +153,7 @@ def sage_attention_reference(
     p, m, l = _softmax_parts(s)
     if pv_dtype == "fp8":
         vm = token_mean(v) if smooth_v else None
-        v_q, v_s = quantize_v_fp8(v, vm)
+        v_q, v_s = quantize_v_fp8(v, vm, v_max)
         p_q = (p * p_scale).to(torch.float8_e4m3fn).double() / p_scale
         pv = p_q @ _repeat_kv(v_q.double() * v_s[:, :, None, :].double(), hq)
         if vm is not None:

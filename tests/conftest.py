@@ -1,22 +1,11 @@
-"""sageattention tests: CPU runs use Triton's interpreter; shared helpers importable as `tests.helpers`.
+"""Puts the repository root on sys.path, so that `scripts` and `tests.*` import under --import-mode=importlib.
 
-TRITON_INTERPRET must be set before triton or sageattention is imported (the kernels read it at import
-time), so it is set here, at conftest import, and only when there is no GPU: GPU runs use real kernels.
+Imports nothing heavy: the tooling tests (tests/ci, tests/distribution, tests/rehearsal, tests/build) run
+without torch or Triton; sageattention's own setup is in tests/sageattention/conftest.py.
 """
-import os
 import sys
 from pathlib import Path
-
-import torch
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-
-
-def pytest_configure(config):
-    # numpy warnings from the interpreter's emulation of masked lanes (log2(0), 0/0 on padding rows)
-    config.addinivalue_line("filterwarnings", "ignore::RuntimeWarning:triton.runtime.interpreter")

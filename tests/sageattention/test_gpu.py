@@ -1,6 +1,6 @@
 """GPU tests (H100/H200): every public function vs fp32 SDPA at the spec's thresholds, real Triton kernels.
 
-Run: python -m pytest tests/test_gpu.py -q   (skipped without CUDA; the same checks run on CPU under the
+Run: python -m pytest tests/sageattention/test_gpu.py -q   (skipped without CUDA; the same checks run on CPU under the
 interpreter in test_attention_interpreter.py::test_fp32_sdpa_check_on_cpu).
 """
 import pytest
@@ -8,9 +8,9 @@ import torch
 
 import sageattention as sa
 from sageattention import dispatch
-from tests.helpers import (
+from tests.sageattention.helpers import (
     DEVICE, TOL, VARIANT_IDS, VARIANTS, assert_close, check_variant_vs_fp32, make_qkv, metrics, reference_out,
-    runs_here, sdpa_fp32, variant,
+    runs_here, sdpa_fp32, variant, oracle_args,
 )
 
 pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore::RuntimeWarning")]  # _cuda -> Triton notice
@@ -52,7 +52,7 @@ def test_q_outliers_x30_as_accurate_as_the_algorithm(var):
     _need(var)
     q, k, v = make_qkv(b=1, hq=2, nq=512, d=128, seed=6, k_bias=20.0, q_outlier=30.0)
     out = var(q, k, v)[0]
-    ref = reference_out(q, k, v, pv=var.pv, gran=var.gran, p_scale=var.p_scale)[0]
+    ref = reference_out(q, k, v, pv=var.pv, **oracle_args(var, q))[0]
     sdpa = sdpa_fp32(q, k, v)[0].cpu()
     got, want = metrics(out.cpu(), sdpa), metrics(ref, sdpa)
     assert got["cos"] >= want["cos"] - 5e-4 and got["rel_l1"] <= want["rel_l1"] * 1.1 + 0.005, (got, want)

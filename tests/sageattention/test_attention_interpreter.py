@@ -7,9 +7,9 @@ import torch
 import sageattention as sa
 from sageattention import reference
 from sageattention.inputs import to_hnd
-from tests.helpers import (
+from tests.sageattention.helpers import (
     DEVICE, MASK_VARIANTS, TOL, VARIANT_IDS, VARIANTS, assert_close, assert_lse_close, check_variant_vs_fp32,
-    check_variant_vs_reference, fp64_out, make_qkv, reference_out, sdpa_fp32, skip_bf16_pv16, variant,
+    check_variant_vs_reference, fp64_out, make_qkv, reference_out, sdpa_fp32, skip_bf16_pv16, variant, oracle_args,
 )
 
 SAGEATTN = variant("sageattn")
@@ -112,7 +112,7 @@ def test_output_layout_follows_input():
 
 
 def test_matches_sdpa_fp32_helper():
-    """The GPU tests' oracle (tests.helpers.sdpa_fp32) agrees with float64 attention: GQA, causal, nq != nk."""
+    """The GPU tests' oracle (helpers.sdpa_fp32) agrees with float64 attention: GQA, causal, nq != nk."""
     q, k, v = make_qkv(hq=4, hk=2, nq=30, nk=50, d=32, seed=27, layout="NHD")
     out, lse = sdpa_fp32(q, k, v, "NHD", is_causal=True)
     exact, exact_lse = fp64_out(q, k, v, "NHD", is_causal=True)
@@ -163,7 +163,7 @@ def test_varlen_k_bias_is_smoothed_per_sequence():
 
 @pytest.mark.parametrize("var", VARIANTS, ids=VARIANT_IDS)
 def test_fp32_sdpa_check_on_cpu(var):
-    """The GPU tests' check (tests.helpers.check_variant_vs_fp32) on small CPU inputs: random and K-bias/Q-outlier."""
+    """The GPU tests' check (helpers.check_variant_vs_fp32) on small CPU inputs: random and K-bias/Q-outlier."""
     q, k, v = make_qkv(hq=4, hk=2, nq=60, nk=90, d=64, seed=28, layout="NHD")
     check_variant_vs_fp32(var, q, k, v, "NHD", is_causal=True)
     q, k, v = make_qkv(hq=2, nq=64, d=128, seed=29, k_bias=20.0, q_outlier=5.0)
@@ -231,6 +231,6 @@ def test_coarse_exponent_offsets_are_redone(scale, redone, monkeypatch):
     for got, want in zip(default, every if redone else none):
         assert torch.equal(got, want)
     # Scores ~1e5 make softmax an argmax that INT8 rounding moves, so the oracle is the quantized reference.
-    ref, ref_lse = reference_out(q, k, v, pv=SAGEATTN.pv, gran=SAGEATTN.gran, p_scale=SAGEATTN.p_scale)
+    ref, ref_lse = reference_out(q, k, v, pv=SAGEATTN.pv, **oracle_args(SAGEATTN, q))
     assert_close(default[0].cpu(), ref, cos=TOL["fp8"]["ref_cos"], rel_l1=TOL["fp8"]["ref_l1"])
     assert_lse_close(default[1], ref_lse, atol=1e-4 * ref_lse.abs().max().item())

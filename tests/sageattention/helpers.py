@@ -87,7 +87,7 @@ def lse_tol(ref_lse) -> float:
     return 0.02 + 0.01 * (finite.abs().max().item() if finite.numel() else 0.0)
 
 
-# Accuracy bounds, from the reference algorithm's own error (tests/test_reference.py measures it):
+# Accuracy bounds, from the reference algorithm's own error (tests/sageattention/test_reference.py measures it):
 # vs the same quantized algorithm ("ref") and vs full-precision attention.
 TOL = {
     "fp16": {"ref_cos": 0.9999, "ref_l1": 0.003, "cos": 0.9995, "l1": 0.03},
@@ -102,11 +102,13 @@ TOL = {
 def reference_out(q, k, v, layout="HND", *, pv="fp16", gran="per_thread", p_scale=None, **kw):
     """sage_attention_reference on layout tensors; returns (out in layout, lse).
 
-    p_scale: the FP8 stretch of P (448, or 1 with an fp16 per-block accumulator)."""
+    p_scale: the FP8 stretch of P (448, or 1 with an fp16 per-block accumulator). kw: more of the reference's
+    arguments (qk_quant_gran there overrides gran)."""
     if p_scale is not None:
         kw["p_scale"] = p_scale
+    kw.setdefault("qk_quant_gran", gran)
     q, k, v = (to_hnd(t, layout).cpu() for t in (q, k, v))
-    out, lse = reference.sage_attention_reference(q, k, v, pv_dtype=pv, qk_quant_gran=gran, **kw)
+    out, lse = reference.sage_attention_reference(q, k, v, pv_dtype=pv, **kw)
     return to_hnd(out, layout), lse
 
 
@@ -191,6 +193,28 @@ def runs_here(var: Variant) -> bool:
     return not var.sm90_only or cap is None or cap == (9, 0)
 
 
+def runs_compiled(var: Variant, q, layout="HND", *, masked=False) -> bool:
+    """Whether this call of `var` runs the compiled kernels (csrc/) on this device, rather than Triton."""
+    if var.name == "sageattn":
+        return sa.explain(q, q, q, layout, attn_mask=torch.ones((), dtype=torch.bool, device=q.device) if masked
+                          else None).startswith("compiled")
+    if var.name == "fp16_triton" or masked or q.shape[-1] > core.COMPILED_MAX_HEAD_DIM:
+        return False
+    return dispatch.compiled_family(dispatch.capability(q.device), var.pv == "fp8", q.device) is not None
+
+
+def oracle_args(var: Variant, q, layout="HND", *, masked=False, **kw) -> dict:
+    """The reference's arguments for what `var` computes here: the backend's quantization groups and defaults,
+    and its FP8 scaling (the Triton kernels stretch P by 1 under an fp16 accumulator, the compiled ones scale V
+    to +-2.25 instead)."""
+    if not runs_compiled(var, q, layout, masked=masked):
+        out = {"qk_quant_gran": kw.get("qk_quant_gran", var.gran)}
+        return out if var.p_scale is None else dict(out, p_scale=var.p_scale)
+    gran = kw.get("qk_quant_gran", core.SAGEATTN_GRAN_COMPILED if var.name == "sageattn" else var.gran)
+    v_max = 2.25 if var.kwargs.get("pv_accum_dtype") == "fp32+fp16" else reference.FP8_MAX
+    return {"qk_quant_gran": gran, "compiled": True, "v_max": v_max}
+
+
 def check_variant_vs_fp32(var: Variant, q, k, v, layout="HND", *, is_causal=False, attn_mask=None,
                           what="", tol=None, **kw) -> dict:
     """Run a public function and compare out and LSE with fp32 SDPA / logsumexp at the spec's thresholds."""
@@ -241,8 +265,8 @@ def check_variant_vs_reference(var: Variant, q, k, v, layout="HND", *, is_causal
         assert torch.equal(before, after), "the inputs were modified"
     assert out.dtype == q.dtype and out.shape == q.shape and out.device == q.device
     ref_kw = {key: kw[key] for key in ("smooth_k", "smooth_v", "sm_scale") if key in kw}
-    gran = kw.get("qk_quant_gran", var.gran)
-    ref, ref_lse = reference_out(q, k, v, layout, pv=var.pv, gran=gran, p_scale=var.p_scale, is_causal=is_causal,
+    ref_kw.update(oracle_args(var, q, layout, masked=attn_mask is not None, **kw))
+    ref, ref_lse = reference_out(q, k, v, layout, pv=var.pv, is_causal=is_causal,
                                  attn_mask=None if attn_mask is None else attn_mask.cpu(), **ref_kw)
     exact, exact_lse = fp64_out(q, k, v, layout, is_causal=is_causal, sm_scale=kw.get("sm_scale"),
                                 attn_mask=None if attn_mask is None else attn_mask.cpu())

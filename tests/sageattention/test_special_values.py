@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from tests.helpers import (
+from tests.sageattention.helpers import (
     DEVICE, TOL, VARIANT_IDS, VARIANTS, assert_close, assert_lse_close, fp64_out, make_qkv, reference_out,
-    runs_here, variant,
+    runs_here, variant, oracle_args,
 )
 
 INTERPRETED = DEVICE.type == "cpu"
@@ -52,7 +52,7 @@ def test_large_qk_magnitudes(var):
     q, k = (q.float() * 250).half(), (k.float() * 250).half()
     v = (v.float() / v.float().abs().max() * 6e4).half()
     out, lse = var(q, k, v, return_lse=True)
-    ref, ref_lse = reference_out(q, k, v, pv=var.pv, gran=var.gran, p_scale=var.p_scale)
+    ref, ref_lse = reference_out(q, k, v, pv=var.pv, **oracle_args(var, q))
     assert_close(out.cpu(), ref, cos=TOL[var.pv]["ref_cos"], rel_l1=TOL[var.pv]["ref_l1"])
     # scores ~1e5 make softmax an argmax: INT8 score error (~1%) picks slightly different winners than float64
     assert_close(out.cpu(), fp64_out(q, k, v)[0], cos=0.95, rel_l1=0.1)
@@ -68,7 +68,7 @@ def test_moderately_large_qk_magnitudes(var):
     q, k, v = make_qkv(hq=2, nq=96, nk=200, d=64, seed=34)
     q, k = (q.float() * 40).half(), (k.float() * 40).half()
     out, lse = var(q, k, v, return_lse=True)
-    ref, ref_lse = reference_out(q, k, v, pv=var.pv, gran=var.gran, p_scale=var.p_scale)
+    ref, ref_lse = reference_out(q, k, v, pv=var.pv, **oracle_args(var, q))
     assert_close(out.cpu(), ref, cos=TOL[var.pv]["ref_cos"], rel_l1=TOL[var.pv]["ref_l1"])
     assert_lse_close(lse, ref_lse, atol=1e-4 * ref_lse.abs().max().item())
 

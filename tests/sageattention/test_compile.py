@@ -5,7 +5,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import sageattention as sa
 from sageattention import ops
-from tests.helpers import DEVICE, make_qkv
+from tests.sageattention.helpers import DEVICE, make_qkv
 
 # All of opcheck's checks: schema, fake impl, autograd registration, AOTAutograd tracing (dynamic shapes).
 OPCHECK_TESTS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")

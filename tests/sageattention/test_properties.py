@@ -3,7 +3,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.helpers import DEVICE, VARIANTS, check_variant_vs_reference, make_qkv, runs_here
+from tests.sageattention.helpers import DEVICE, VARIANTS, check_variant_vs_reference, make_qkv, runs_here
 
 SETTINGS = settings(max_examples=20, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -6,7 +6,7 @@ import torch
 
 from sageattention import reference
 from sageattention.quant_groups import GRANULARITIES, K_BLOCK, Q_BLOCK, k_grouping, q_grouping
-from tests.helpers import TOL, assert_close, assert_lse_close, make_qkv, metrics
+from tests.sageattention.helpers import TOL, assert_close, assert_lse_close, make_qkv, metrics
 
 CPU = torch.device("cpu")
 

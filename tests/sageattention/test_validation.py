@@ -6,7 +6,7 @@ import torch
 
 import sageattention as sa
 from sageattention import inputs
-from tests.helpers import DEVICE, VARIANT_IDS, VARIANTS, make_qkv, variant
+from tests.sageattention.helpers import DEVICE, VARIANT_IDS, VARIANTS, make_qkv, variant
 
 SAGEATTN = variant("sageattn")
 

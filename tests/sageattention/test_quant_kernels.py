@@ -6,7 +6,7 @@ from sageattention import reference
 from sageattention.quant_groups import GRANULARITIES, K_BLOCK, k_grouping, q_grouping
 from sageattention.triton import quant
 from sageattention.inputs import to_hnd
-from tests.helpers import make_qkv
+from tests.sageattention.helpers import make_qkv
 
 SHAPES = [  # (heads, tokens, head_dim): tokens not a multiple of any block, odd head_dims
     (2, 100, 64),

@@ -1,0 +1,94 @@
+"""Real-model attention calls: the shapes users run, their inputs, the methods timed on them, their FLOP count.
+
+Imports torch and sageattention's public API only (no Triton, no bench.run), so that bench.first_call can time
+`import sageattention` and a first call in a fresh process without anything loaded ahead of it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+import sageattention
+
+
+@dataclass(frozen=True)
+class Model:
+    key: str
+    label: str
+    b: int
+    hq: int
+    hk: int
+    nq: int
+    nk: int
+    d: int
+    layout: str = "HND"  # "NHD": [B, N, H, D], as diffusers' attention processors hold them
+    dtype: str = "float16"
+    causal: bool = False
+
+    def shape(self) -> str:
+        heads = f"Hq{self.hq} Hkv{self.hk}" if self.hk != self.hq else f"H{self.hq}"
+        n = f"N{self.nq}" if self.nq == self.nk else f"Nq{self.nq}×Nk{self.nk}"
+        extra = "".join(f" {x}" for x in (self.layout, self.dtype, "causal" if self.causal else "") if x)
+        return f"B{self.b} {heads} {n} d{self.d}{extra}"
+
+    def tops(self, ms: float) -> float:
+        return attention_tops(self.b, self.hq, self.nq, self.nk, self.d, self.causal, ms)
+
+
+MODELS = {m.key: m for m in (
+    Model("flux", "Flux 1024 px", b=1, hq=24, hk=24, nq=4608, nk=4608, d=128, layout="NHD", dtype="bfloat16"),
+    Model("sdxl", "SDXL 1024 px self-attn", b=2, hq=10, hk=10, nq=4096, nk=4096, d=64, layout="NHD"),
+    Model("sdxl-cross", "SDXL cross-attn", b=2, hq=10, hk=10, nq=4096, nk=77, d=64, layout="NHD"),
+    Model("cogvideox", "CogVideoX-2B", b=2, hq=30, hk=30, nq=17776, nk=17776, d=64),
+    Model("wan", "Wan2.1-14B 480p", b=1, hq=40, hk=40, nq=32760, nk=32760, d=128, dtype="bfloat16"),
+    Model("llm-gqa", "LLM GQA prefill", b=1, hq=32, hk=8, nq=8192, nk=8192, d=128, dtype="bfloat16", causal=True),
+    Model("small", "small call", b=1, hq=16, hk=16, nq=1024, nk=1024, d=64),
+)}
+
+SDPA_BACKENDS = {"sdpa flash": SDPBackend.FLASH_ATTENTION, "sdpa cudnn": SDPBackend.CUDNN_ATTENTION}
+SAGE_FUNCTIONS = {  # public entry points only
+    "sageattn": sageattention.sageattn,
+    "qk_int8_pv_fp16_triton": sageattention.sageattn_qk_int8_pv_fp16_triton,
+    "qk_int8_pv_fp16_cuda": sageattention.sageattn_qk_int8_pv_fp16_cuda,
+    "qk_int8_pv_fp8_cuda": sageattention.sageattn_qk_int8_pv_fp8_cuda,
+}
+METHODS = (*SDPA_BACKENDS, *SAGE_FUNCTIONS)
+
+
+def attention_tops(b: int, h: int, nq: int, nk: int, d: int, causal: bool, ms: float) -> float:
+    """Two matmuls of B·H·Nq·Nk·D multiply-adds (2 flops each) per ms; a causal (square) mask skips half."""
+    flops = 4 * b * h * nq * nk * d / (2 if causal else 1)
+    return flops / (ms * 1e-3) / 1e12
+
+
+def sdpa_call(backend: SDPBackend, q, k, v, **kwargs):
+    """A no-argument call of SDPA pinned to one backend (it raises when that backend cannot take the inputs)."""
+    def run():
+        with sdpa_kernel(backend):
+            return sdpa(q, k, v, **kwargs)
+    return run
+
+
+def inputs(m: Model, device="cuda"):
+    """Seeded random q, k, v in the model's layout and dtype."""
+    def size(h, n):
+        return (m.b, n, h, m.d) if m.layout == "NHD" else (m.b, h, n, m.d)
+
+    torch.manual_seed(0)
+    dtype = getattr(torch, m.dtype)
+    return (torch.randn(size(m.hq, m.nq), device=device, dtype=dtype),
+            *(torch.randn(size(m.hk, m.nk), device=device, dtype=dtype) for _ in range(2)))
+
+
+def methods(m: Model, q, k, v) -> dict:
+    """Every method of METHODS as a no-argument call on these inputs, as a model would make it."""
+    # SDPA reads [B, H, N, D]: NHD tensors go in as transposed views, the way a model written for SDPA passes them.
+    qs, ks, vs = (t.transpose(1, 2) for t in (q, k, v)) if m.layout == "NHD" else (q, k, v)
+    gqa = {"enable_gqa": True} if m.hk != m.hq else {}
+    calls = {name: sdpa_call(backend, qs, ks, vs, is_causal=m.causal, **gqa) for name, backend in SDPA_BACKENDS.items()}
+    for name, fn in SAGE_FUNCTIONS.items():
+        calls[name] = lambda fn=fn: fn(q, k, v, tensor_layout=m.layout, is_causal=m.causal)
+    return calls

@@ -1,0 +1,435 @@
+// The attention kernel of the sm80 and sm89 families (mma.sync): INT8 Q·K^T, online softmax, then P·V with
+// 16-bit operands (sm80 family) or FP8 e4m3 operands (sm89 family).
+//
+// A program owns kWarps * 16 query rows of one head; warp w owns rows 16w..16w+15, i.e. one m16 MMA tile, whose
+// Q fragments stay in registers. Key tiles of 64 keys stream through shared memory, double-buffered with cp.async.
+// Fragment layouts (PTX ISA, mma.m16n8k32 / m16n8k16): lane = 4 * g + t holds rows g and g + 8 of the warp's tile
+// and, in the score tile, key columns 2t and 2t + 1 of every 8-key slice. Every granularity gives rows g and g + 8
+// of a warp one Q scale between them and columns 2t, 2t + 1 of all slices of a tile one K scale, so dequantizing a
+// score tile costs one multiply per element.
+#pragma once
+#include <type_traits>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "common/params.h"
+#include "common/ptx.cuh"
+
+namespace sage {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr float kPScale = 448.f;  // FP8 P = e4m3(p * 448): p in [0, 1] uses e4m3's whole range
+// Program shape per head_dim: warps, and m16 tiles per warp (two tiles share each K/V fragment load, but at
+// head_dim 128 their accumulators no longer fit in registers). SAGE_ATTN_WARPS/_MTILES override it, for A/B runs.
+template <int D>
+struct Shape {
+#ifdef SAGE_ATTN_WARPS
+  static constexpr int kWarps = SAGE_ATTN_WARPS, kMTiles = SAGE_ATTN_MTILES;
+#else
+  static constexpr int kWarps = D <= 64 ? 4 : 8, kMTiles = D <= 64 ? 2 : 1;
+#endif
+};
+
+// Byte offset of 16-byte chunk `chunk` of row `row` in a tile of kChunks chunks per row, swizzled so that the
+// 8 rows an ldmatrix reads at one chunk land in 8 different bank groups.
+template <int kChunks>
+__device__ __forceinline__ int swizzle(int row, int chunk) {
+  static_assert(kChunks == 4 || kChunks >= 8, "rows of 64 bytes or of 128 bytes and more");
+  if constexpr (kChunks >= 8) return (row * kChunks + (chunk ^ (row & 7))) * 16;
+  else return (row * 4 + (chunk ^ ((row >> 1) & 3))) * 16;
+}
+
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <>
+__device__ __forceinline__ uint32_t pack2<half>(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+template <>
+__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+template <typename T>
+__device__ __forceinline__ void store2(T* dst, float a, float b, bool both) {
+  if (both) *reinterpret_cast<uint32_t*>(dst) = pack2<T>(a, b);
+  else *dst = static_cast<T>(a);
+}
+
+// o += the fp16 accumulators of a tile (two f16x2 registers per m16n8 slice: rows g and g + 8).
+template <int D, int kMT>
+__device__ __forceinline__ void add_f16_accumulators(const uint32_t (&oh)[kMT][D / 8][2], float (&o)[kMT][D / 8][4]) {
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      const float2 lo = __half22float2(*reinterpret_cast<const __half2*>(&oh[mt][n][0]));
+      const float2 hi = __half22float2(*reinterpret_cast<const __half2*>(&oh[mt][n][1]));
+      o[mt][n][0] += lo.x, o[mt][n][1] += lo.y, o[mt][n][2] += hi.x, o[mt][n][3] += hi.y;
+    }
+  }
+}
+
+// P·V of one 64-key tile with 16-bit operands, for the kMT m16 tiles of a warp: o += P (x, in T) · V (keys x
+// channels in smem). Key steps are the outer loop, so consecutive MMAs feed independent accumulators.
+template <int D, int kMT, typename T>
+__device__ __forceinline__ void pv_16bit(const float (&x)[kMT][8][4], uint32_t v_base, int lane, int accum,
+                                         float (&o)[kMT][D / 8][4]) {
+  uint32_t a[kMT][4][4];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      a[mt][ks][0] = pack2<T>(x[mt][2 * ks][0], x[mt][2 * ks][1]);
+      a[mt][ks][1] = pack2<T>(x[mt][2 * ks][2], x[mt][2 * ks][3]);
+      a[mt][ks][2] = pack2<T>(x[mt][2 * ks + 1][0], x[mt][2 * ks + 1][1]);
+      a[mt][ks][3] = pack2<T>(x[mt][2 * ks + 1][2], x[mt][2 * ks + 1][3]);
+    }
+  }
+  auto v_frag = [&](uint32_t (&vb)[4], int ks, int nn) {
+    const int r = ks * 16 + lane % 8 + 8 * ((lane / 8) % 2), c = 2 * nn + lane / 16;
+    ptx::ldmatrix_x4_trans(vb, v_base + swizzle<D / 8>(r, c));
+  };
+  if constexpr (std::is_same_v<T, half>) {
+    if (accum == kAccF16Inner) {  // the tile in fp16 accumulators, then into fp32
+      uint32_t oh[kMT][D / 8][2] = {};
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+#pragma unroll
+        for (int nn = 0; nn < D / 16; ++nn) {
+          uint32_t vb[4];
+          v_frag(vb, ks, nn);
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) {
+            ptx::mma_f16_f16acc(oh[mt][2 * nn], a[mt][ks], vb[0], vb[1]);
+            ptx::mma_f16_f16acc(oh[mt][2 * nn + 1], a[mt][ks], vb[2], vb[3]);
+          }
+        }
+      }
+      bool overflow = false;
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+          for (int i = 0; i < 2; ++i)
+            overflow |= __hisinf(__low2half(*reinterpret_cast<const __half2*>(&oh[mt][n][i]))) ||
+                        __hisinf(__high2half(*reinterpret_cast<const __half2*>(&oh[mt][n][i])));
+      // a tile sum past 65504 (|V| in the thousands) is redone in fp32 below: never an overflow SDPA would not have
+      if (!__any_sync(0xffffffffu, overflow)) {
+        add_f16_accumulators<D, kMT>(oh, o);
+        return;
+      }
+    }
+  }
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) {
+#pragma unroll
+    for (int nn = 0; nn < D / 16; ++nn) {
+      uint32_t vb[4];
+      v_frag(vb, ks, nn);
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        ptx::mma_16bit<T>(o[mt][2 * nn], a[mt][ks], vb[0], vb[1]);
+        ptx::mma_16bit<T>(o[mt][2 * nn + 1], a[mt][ks], vb[2], vb[3]);
+      }
+    }
+  }
+}
+
+// P·V of one 64-key tile in FP8: P = e4m3(p * 448) in the key order of prepare()'s V^T (fp8_key_slot), V^T
+// (channels x keys in smem). Slot 4t + i of a 32-key step holds key 2t + i % 2 of slice i / 2: exactly the two
+// score columns this lane holds in each of two adjacent 8-key slices, so P needs no shuffle.
+template <int D, int kMT>
+__device__ __forceinline__ void pv_fp8(const float (&x)[kMT][8][4], uint32_t v_base, int lane, int accum,
+                                       float (&o)[kMT][D / 8][4]) {
+  uint32_t a[kMT][2][4];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {  // A register i: row g (i even) or g + 8 (i odd), first or second 16 keys (i / 2)
+        const int j = 4 * s + 2 * (i / 2), e = 2 * (i % 2);
+        a[mt][s][i] = ptx::e4m3x2(x[mt][j][e] * kPScale, x[mt][j][e + 1] * kPScale) |
+                      (ptx::e4m3x2(x[mt][j + 1][e] * kPScale, x[mt][j + 1][e + 1] * kPScale) << 16);
+      }
+    }
+  }
+  // every MMA of the tile: mma(m tile, channel slice n, A fragment, B registers)
+  auto each_mma = [&](auto&& mma) {
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+#pragma unroll
+      for (int nn = 0; nn < D / 16; ++nn) {
+        uint32_t vb[4];
+        const int r = nn * 16 + lane % 8 + 8 * (lane / 16), c = 2 * s + (lane / 8) % 2;
+        ptx::ldmatrix_x4(vb, v_base + swizzle<kKBlock / 16>(r, c));
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          mma(mt, 2 * nn, a[mt][s], vb[0], vb[1]);
+          mma(mt, 2 * nn + 1, a[mt][s], vb[2], vb[3]);
+        }
+      }
+    }
+  };
+#if defined(SAGE_FP8_F16_ACCUM)
+  if (accum == kAccF16Inner) {  // V was scaled to +-2.25 so that 64 keys of p * 448 * v stay below 65504
+    uint32_t oh[kMT][D / 8][2] = {};
+    each_mma([&](int mt, int n, const uint32_t(&af)[4], uint32_t b0, uint32_t b1) {
+      ptx::mma_e4m3_f16acc(oh[mt][n], af, b0, b1);
+    });
+    add_f16_accumulators<D, kMT>(oh, o);
+    return;
+  }
+#endif
+  if (accum == kAccF32) {  // straight into the running fp32 output
+    each_mma([&](int mt, int n, const uint32_t(&af)[4], uint32_t b0, uint32_t b1) {
+      ptx::mma_e4m3(o[mt][n], af, b0, b1);
+    });
+    return;
+  }
+  float acc[kMT][D / 8][4] = {};  // two-level: the tile in its own fp32 accumulators, then added
+  each_mma([&](int mt, int n, const uint32_t(&af)[4], uint32_t b0, uint32_t b1) {
+    ptx::mma_e4m3(acc[mt][n], af, b0, b1);
+  });
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[mt][n][e] += acc[mt][n][e];
+}
+
+// kFp8: P·V in e4m3 with V^T from prepare(); else 16-bit P·V in T (V's dtype). T is also the output's dtype.
+// A warp owns kMT m16 tiles (16 * kMT query rows): K and V fragments loaded once serve all of them.
+template <int D, int kWarps, int kMT, bool kFp8, typename T>
+struct Tile {
+  static constexpr int kRows = kWarps * 16 * kMT;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kQkChunks = D / 16;                     // 16-byte chunks per INT8 Q/K row
+  static constexpr int kVChunks = kFp8 ? kKBlock / 16 : D / 8;  // per V^T row (64 keys) or 16-bit V row
+  static constexpr int kVRows = kFp8 ? D : kKBlock;
+  static constexpr int kQBytes = kRows * D;
+  static constexpr int kKBytes = kKBlock * D;
+  static constexpr int kVBytes = kVRows * kVChunks * 16;
+  static constexpr int kSmem = kQBytes + 2 * (kKBytes + kVBytes);
+};
+
+template <int D, int kWarps, int kMT, bool kFp8, typename T>
+__global__ void __launch_bounds__(kWarps * 32) attention_kernel(const AttentionParams p) {
+  using L = Tile<D, kWarps, kMT, kFp8, T>;
+  extern __shared__ __align__(128) uint8_t smem[];
+  uint8_t* const q_smem = smem;
+  uint8_t* const k_smem = smem + L::kQBytes;  // two stages
+  uint8_t* const v_smem = k_smem + 2 * L::kKBytes;
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int n_qblocks = (p.nq + L::kRows - 1) / L::kRows;
+  // causal programs with the most key tiles start first
+  const int qblock = p.causal ? n_qblocks - 1 - blockIdx.x : blockIdx.x;
+  const int h = blockIdx.y, b = blockIdx.z, hk = h / (p.hq / p.hk);
+  const int row0 = qblock * L::kRows;
+  const int64_t q_head = static_cast<int64_t>(b) * p.hq + h, k_head = static_cast<int64_t>(b) * p.hk + hk;
+
+  int n_tiles = (p.nk + kKBlock - 1) / kKBlock;
+  if (p.causal) {
+    const int last_key = row0 + L::kRows - 1 + p.causal_offset;  // the last key any row of the program sees
+    n_tiles = last_key < 0 ? 0 : min(n_tiles, last_key / kKBlock + 1);
+  }
+
+  const int8_t* q_src = p.q_i8 + (q_head * p.nq_pad + row0) * D;
+  const int8_t* k_src = p.k_i8 + k_head * p.nk_pad * D;
+  auto load_kv = [&](int tile, int stage) {
+    const uint32_t k_dst = ptx::smem_addr(k_smem + stage * L::kKBytes);
+    for (int u = threadIdx.x; u < kKBlock * L::kQkChunks; u += L::kThreads) {
+      const int r = u / L::kQkChunks, c = u % L::kQkChunks;
+      ptx::cp_async16(k_dst + swizzle<L::kQkChunks>(r, c), k_src + (tile * kKBlock + r) * D + c * 16, 16);
+    }
+    const uint32_t v_dst = ptx::smem_addr(v_smem + stage * L::kVBytes);
+    for (int u = threadIdx.x; u < L::kVRows * L::kVChunks; u += L::kThreads) {
+      const int r = u / L::kVChunks, c = u % L::kVChunks;
+      if constexpr (kFp8) {  // V^T row = channel r, keys of this tile
+        const uint8_t* src = static_cast<const uint8_t*>(p.v.ptr) + (k_head * D + r) * p.nk_pad + tile * kKBlock + c * 16;
+        ptx::cp_async16(v_dst + swizzle<L::kVChunks>(r, c), src, 16);
+      } else {  // 16-bit V row = key; keys past the end are zero-filled, never read
+        const int key = tile * kKBlock + r;
+        const bool live = key < p.nk;
+        const T* src = static_cast<const T*>(p.v.ptr) + b * p.v.sb + hk * p.v.sh + (live ? key : 0) * p.v.sn + c * 8;
+        ptx::cp_async16(v_dst + swizzle<L::kVChunks>(r, c), src, live ? 16 : 0);
+      }
+    }
+  };
+
+  {  // Q tile and the first K/V tile
+    const uint32_t q_dst = ptx::smem_addr(q_smem);
+    for (int u = threadIdx.x; u < L::kRows * L::kQkChunks; u += L::kThreads) {
+      const int r = u / L::kQkChunks, c = u % L::kQkChunks;
+      ptx::cp_async16(q_dst + swizzle<L::kQkChunks>(r, c), q_src + r * D + c * 16, 16);
+    }
+    if (n_tiles > 0) load_kv(0, 0);
+    ptx::cp_async_commit();
+  }
+
+  // this lane's rows: warp_row + 16 mt + g and + 8, for each m tile mt
+  const int warp_row = row0 + warp * 16 * kMT + g;
+  float qs[kMT][2];
+  uint32_t qf[kMT][D / 32][4];
+  float o[kMT][D / 8][4] = {};
+  float m[kMT][2], l[kMT][2];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      qs[mt][i] = p.q_scale[q_head * p.nq_pad + warp_row + 16 * mt + 8 * i] * p.scale_log2;
+      m[mt][i] = -INFINITY, l[mt][i] = 0.f;
+    }
+  }
+
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    ptx::cp_async_wait<0>();
+    __syncthreads();  // tile `tile` has landed, and every warp is done with the stage the next load overwrites
+    if (tile == 0) {
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+        for (int kk = 0; kk < D / 32; ++kk) {
+          const int r = warp * 16 * kMT + 16 * mt + lane % 8 + 8 * ((lane / 8) % 2), c = 2 * kk + lane / 16;
+          ptx::ldmatrix_x4(qf[mt][kk], ptx::smem_addr(q_smem) + swizzle<L::kQkChunks>(r, c));
+        }
+      }
+    }
+    if (tile + 1 < n_tiles) load_kv(tile + 1, (tile + 1) & 1);
+    ptx::cp_async_commit();
+    const int key0 = tile * kKBlock;
+    const float ks = p.k_scale[k_head * p.nk_pad + key0 + 2 * t];
+
+    // S = Q·K^T (int32), 8 slices of 8 keys per m tile
+    int s[kMT][8][4] = {};
+    const uint32_t k_base = ptx::smem_addr(k_smem + (tile & 1) * L::kKBytes);
+#pragma unroll
+    for (int kk = 0; kk < D / 32; ++kk) {
+#pragma unroll
+      for (int jj = 0; jj < 4; ++jj) {
+        uint32_t kb[4];
+        const int r = jj * 16 + (lane / 16) * 8 + lane % 8, c = 2 * kk + (lane / 8) % 2;
+        ptx::ldmatrix_x4(kb, k_base + swizzle<L::kQkChunks>(r, c));
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          ptx::mma_s8(s[mt][2 * jj], qf[mt][kk], kb[0], kb[1]);
+          ptx::mma_s8(s[mt][2 * jj + 1], qf[mt][kk], kb[2], kb[3]);
+        }
+      }
+    }
+
+    // scores in log2 units, masked; online softmax per row
+    const bool needs_mask = key0 + kKBlock > p.nk || (p.causal && key0 + kKBlock - 1 > row0 + p.causal_offset);
+    float x[kMT][8][4];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+      float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float v = static_cast<float>(s[mt][j][e]) * (qs[mt][e / 2] * ks);
+          if (needs_mask) {
+            const int key = key0 + j * 8 + 2 * t + (e & 1), row = warp_row + 16 * mt + 8 * (e / 2);
+            if (key >= p.nk || (p.causal && key > row + p.causal_offset)) v = -INFINITY;
+          }
+          x[mt][j][e] = v;
+          mx[e / 2] = fmaxf(mx[e / 2], v);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+#pragma unroll
+        for (int off = 1; off < 4; off *= 2) mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], off));
+        const float new_m = fmaxf(m[mt][i], mx[i]);
+        // a row that has seen only masked keys keeps max -inf; subtract 0 there so exp2 gives 0, not NaN
+        const float base = new_m == -INFINITY ? 0.f : new_m;
+        const float alpha = exp2_approx(m[mt][i] - base);
+        m[mt][i] = new_m;
+        float sum = 0.f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          x[mt][j][2 * i] = exp2_approx(x[mt][j][2 * i] - base);
+          x[mt][j][2 * i + 1] = exp2_approx(x[mt][j][2 * i + 1] - base);
+          sum += x[mt][j][2 * i] + x[mt][j][2 * i + 1];
+        }
+        l[mt][i] = l[mt][i] * alpha + sum;
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) o[mt][n][2 * i] *= alpha, o[mt][n][2 * i + 1] *= alpha;
+      }
+    }
+
+    const uint32_t v_base = ptx::smem_addr(v_smem + (tile & 1) * L::kVBytes);
+    if constexpr (kFp8) pv_fp8<D, kMT>(x, v_base, lane, p.pv_accum, o);
+    else pv_16bit<D, kMT, T>(x, v_base, lane, p.pv_accum, o);
+  }
+
+  // epilogue: normalize, undo the V scale and mean, store rows < nq and columns < d in the caller's layout
+  T* out = static_cast<T*>(p.out) + b * p.o_sb + h * p.o_sh;
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float sum = l[mt][i];
+#pragma unroll
+      for (int off = 1; off < 4; off *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+      const int row = warp_row + 16 * mt + 8 * i;
+      const float inv = sum > 0.f ? 1.f / sum : 0.f;  // rows without keys: 0 (and LSE -inf)
+      if (row < p.nq) {
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+          const int c = n * 8 + 2 * t;
+          if (c >= p.d) continue;
+          float f0 = inv, f1 = inv, add0 = 0.f, add1 = 0.f;
+          if constexpr (kFp8) {
+            f0 *= p.v_scale[k_head * D + c] / kPScale, f1 *= p.v_scale[k_head * D + c + 1] / kPScale;
+          }
+          if (p.v_mean != nullptr && sum > 0.f) add0 = p.v_mean[k_head * D + c], add1 = p.v_mean[k_head * D + c + 1];
+          store2<T>(out + row * p.o_sn + c, o[mt][n][2 * i] * f0 + add0, o[mt][n][2 * i + 1] * f1 + add1, c + 1 < p.d);
+        }
+        if (p.lse != nullptr && t == 0)
+          p.lse[q_head * p.nq + row] = sum > 0.f ? (m[mt][i] + __log2f(sum)) * kLn2 : -INFINITY;
+      }
+    }
+  }
+}
+
+// Launches the kernel for head_dim D (the padded one) and the caller's dtype.
+template <int D, bool kFp8, typename T>
+void launch_attention(const AttentionParams& p, cudaStream_t stream) {
+  using L = Tile<D, Shape<D>::kWarps, Shape<D>::kMTiles, kFp8, T>;
+  const auto kernel = attention_kernel<D, Shape<D>::kWarps, Shape<D>::kMTiles, kFp8, T>;
+  if constexpr (L::kSmem > 48 * 1024) {  // more than the default dynamic shared memory: raise it once per device
+    static bool raised[64] = {};
+    int device = 0;
+    cudaGetDevice(&device);
+    if (device >= 64 || !raised[device]) {
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kSmem);
+      if (device < 64) raised[device] = true;
+    }
+  }
+  const dim3 grid((p.nq + L::kRows - 1) / L::kRows, p.hq, p.batch);
+  kernel<<<grid, L::kThreads, L::kSmem, stream>>>(p);
+}
+
+template <int D, bool kFp8>
+void run_attention(const AttentionParams& p, DType dtype, cudaStream_t stream) {
+  if (dtype == kBF16) launch_attention<D, kFp8, __nv_bfloat16>(p, stream);
+  else launch_attention<D, kFp8, half>(p, stream);
+}
+
+}  // namespace sage

@@ -1,0 +1,217 @@
+// The torch binding shared by every kernel family's module (included once, by csrc/<family>/bindings.cpp, which
+// defines SAGE_PV_FP8 and registers these functions). The only code here that knows torch: it checks arguments,
+// allocates, picks the current stream and device, and fills the torch-free params of csrc/common/params.h.
+#pragma once
+#include <string>
+#include <vector>
+
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/extension.h>
+
+#include "common/params.h"
+
+namespace sage::binding {
+
+// Numbers reach messages as strings: streaming them into TORCH_CHECK's std::ostream instantiated libstdc++ code
+// that crashed when built with a newer g++ than the one Python loaded (see sageattention3_blackwell bindings).
+inline std::string str(int64_t n) { return std::to_string(n); }
+
+inline int64_t padded_head_dim(int64_t d) { return d <= 64 ? 64 : 128; }
+inline int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+
+// q, k, v in the caller's layout -> [B, H, N, D] views, after the checks the kernels rely on.
+struct Views {
+  torch::Tensor q, k, v;
+  int64_t batch, hq, hk, nq, nk, d;
+};
+
+inline Views check_inputs(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, bool nhd) {
+  Views x;
+  const char* names[3] = {"q", "k", "v"};
+  const torch::Tensor* ts[3] = {&q, &k, &v};
+  for (int i = 0; i < 3; ++i) {
+    const torch::Tensor& t = *ts[i];
+    TORCH_CHECK(t.is_cuda(), names[i], " must be a CUDA tensor");
+    TORCH_CHECK(t.dim() == 4, names[i], " must be 4-D, got ", str(t.dim()), " dimensions");
+    TORCH_CHECK(t.scalar_type() == q.scalar_type(), "q, k, v must share one dtype");
+    TORCH_CHECK(t.device() == q.device(), "q, k, v must be on one device");
+    TORCH_CHECK(t.stride(3) == 1, names[i], " must be contiguous in head_dim");
+  }
+  TORCH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16,
+              "sageattention's compiled kernels take float16 or bfloat16");
+  x.q = nhd ? q.transpose(1, 2) : q;
+  x.k = nhd ? k.transpose(1, 2) : k;
+  x.v = nhd ? v.transpose(1, 2) : v;
+  x.batch = x.q.size(0), x.hq = x.q.size(1), x.nq = x.q.size(2), x.d = x.q.size(3);
+  x.hk = x.k.size(1), x.nk = x.k.size(2);
+  TORCH_CHECK(x.k.sizes() == x.v.sizes(), "k and v must have the same shape");
+  TORCH_CHECK(x.k.size(0) == x.batch && x.k.size(3) == x.d, "q and k differ in batch or head_dim");
+  TORCH_CHECK(x.hk > 0 && x.hq % x.hk == 0, "k/v heads (", str(x.hk), ") must divide q heads (", str(x.hq), ")");
+  TORCH_CHECK(x.d >= 1 && x.d <= 128, "head_dim ", str(x.d), " is not supported; the compiled kernels take 1..128");
+  TORCH_CHECK(x.nq >= 1 && x.nk >= 1 && x.batch >= 1, "every dimension must be >= 1");
+  return x;
+}
+
+inline sage::Strided strided(const torch::Tensor& t) {
+  return {t.data_ptr(), t.stride(0), t.stride(1), t.stride(2)};
+}
+
+inline bool readable_in_place(const torch::Tensor& t, int64_t d, int64_t d_pad) {
+  return d == d_pad && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && t.stride(0) % 8 == 0 &&
+         t.stride(1) % 8 == 0 && t.stride(2) % 8 == 0;
+}
+
+// One workspace for every intermediate of a call: a single allocation, carved at 256-byte boundaries.
+struct Workspace {
+  sage::PrepareParams p{};
+  std::vector<std::pair<int64_t, int64_t>> parts;  // (offset, bytes) of q_i8, q_scale, k_i8, k_scale, k_mean,
+                                                  // v_out, v_scale, v_mean, partials
+  torch::Tensor buffer;
+};
+
+inline Workspace prepare(const Views& x, int q_gran, int k_gran, int v_mode, bool smooth_k, bool smooth_v,
+                         float v_fp8_max, cudaStream_t stream) {
+  TORCH_CHECK(q_gran >= 0 && q_gran <= 2 && k_gran >= 0 && k_gran <= 2, "granularity must be 0, 1 or 2");
+  Workspace w;
+  sage::PrepareParams& p = w.p;
+  p.q = strided(x.q), p.k = strided(x.k), p.v = strided(x.v);
+  p.batch = x.batch, p.hq = x.hq, p.hk = x.hk, p.nq = x.nq, p.nk = x.nk, p.d = x.d;
+  p.d_pad = padded_head_dim(x.d);
+  p.nq_pad = round_up(x.nq, sage::kQBlock), p.nk_pad = round_up(x.nk, sage::kKBlock);
+  p.q_gran = q_gran, p.k_gran = k_gran, p.v_mode = v_mode, p.smooth_k = smooth_k, p.smooth_v = smooth_v;
+  p.v_fp8_max = v_fp8_max;
+  const int64_t k_blocks = p.nk_pad / sage::kKBlock;
+  p.n_chunks = static_cast<int>(std::min<int64_t>(16, k_blocks));
+  p.chunk_len = static_cast<int>(round_up(k_blocks, p.n_chunks) / p.n_chunks * sage::kKBlock);
+  p.n_chunks = static_cast<int>((x.nk + p.chunk_len - 1) / p.chunk_len);
+  const int64_t bq = x.batch * x.hq, bk = x.batch * x.hk;
+  const int64_t v_bytes = v_mode == sage::kVFp8 ? bk * p.d_pad * p.nk_pad
+                          : v_mode == sage::kV16 ? bk * p.nk_pad * p.d_pad * 2 : 0;
+  const int64_t sizes[9] = {bq * p.nq_pad * p.d_pad, bq * p.nq_pad * 4, bk * p.nk_pad * p.d_pad, bk * p.nk_pad * 4,
+                            bk * p.d_pad * 4, v_bytes, bk * p.d_pad * 4, bk * p.d_pad * 4,
+                            bk * p.n_chunks * 4 * p.d_pad * 4};
+  int64_t total = 0;
+  for (int64_t s : sizes) {
+    w.parts.emplace_back(total, s);
+    total += round_up(s, 256);
+  }
+  w.buffer = torch::empty({total}, x.q.options().dtype(at::kByte));
+  uint8_t* base = w.buffer.data_ptr<uint8_t>();
+  auto at = [&](int i) { return base + w.parts[i].first; };
+  p.q_i8 = reinterpret_cast<int8_t*>(at(0)), p.q_scale = reinterpret_cast<float*>(at(1));
+  p.k_i8 = reinterpret_cast<int8_t*>(at(2)), p.k_scale = reinterpret_cast<float*>(at(3));
+  p.k_mean = reinterpret_cast<float*>(at(4)), p.v_out = v_bytes ? at(5) : nullptr;
+  p.v_scale = v_mode == sage::kVFp8 ? reinterpret_cast<float*>(at(6)) : nullptr;
+  p.v_mean = smooth_v ? reinterpret_cast<float*>(at(7)) : nullptr;
+  p.partials = reinterpret_cast<float*>(at(8));
+  sage::prepare_qkv(p, x.q.scalar_type() == at::kBFloat16 ? sage::kBF16 : sage::kF16, stream);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return w;
+}
+
+// Call under a device guard for q's device.
+inline void check_device() {
+  if (sage::module_runs_on_current_device()) return;
+  int device = 0, major = 0, minor = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  TORCH_CHECK(false, "this sageattention module has no kernels for this GPU (sm_", str(major), str(minor),
+              "); rebuild with its arch in TORCH_CUDA_ARCH_LIST");
+}
+
+// The fused op: quantize, attend, return (out in the caller's layout, lse [B, Hq, Nq] fp32 or an empty tensor).
+// kPvFp8: this module's P·V (FP8 for the sm89 family, V's 16-bit dtype for sm80).
+template <bool kPvFp8>
+std::vector<torch::Tensor> attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, bool nhd,
+                                     bool causal, int64_t causal_offset, double sm_scale, int64_t q_gran,
+                                     int64_t k_gran, int64_t pv_accum, bool smooth_k, bool smooth_v,
+                                     bool return_lse) {
+  const Views x = check_inputs(q, k, v, nhd);
+  TORCH_CHECK(pv_accum >= sage::kAccF32 && pv_accum <= sage::kAccF16Inner, "pv_accum must be 0, 1 or 2");
+  const c10::cuda::CUDAGuard guard(q.device());
+  check_device();
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const int64_t d_pad = padded_head_dim(x.d);
+  int accum = static_cast<int>(pv_accum);
+#if !defined(SAGE_FP8_F16_ACCUM)
+  if (kPvFp8 && accum == sage::kAccF16Inner) accum = sage::kAccTwoLevel;  // built without it: fp32, more precise
+#endif
+  const int v_mode = kPvFp8 ? sage::kVFp8
+                     : (smooth_v || !readable_in_place(x.v, x.d, d_pad)) ? sage::kV16 : sage::kVNone;
+  // an fp16 accumulator over 64 keys of p * 448 * v stays finite for |v| <= 2.25
+  const float v_max = kPvFp8 && accum == sage::kAccF16Inner ? 2.25f : 448.f;
+  const Workspace w = prepare(x, static_cast<int>(q_gran), static_cast<int>(k_gran), v_mode, smooth_k, smooth_v,
+                              v_max, stream);
+  const sage::PrepareParams& p = w.p;
+  torch::Tensor out = torch::empty(q.sizes(), q.options());
+  const torch::Tensor out_hnd = nhd ? out.transpose(1, 2) : out;
+  const auto f32 = q.options().dtype(at::kFloat);
+  torch::Tensor lse = return_lse ? torch::empty({x.batch, x.hq, x.nq}, f32) : torch::empty({0}, f32);
+  sage::AttentionParams a{};
+  a.q_i8 = p.q_i8, a.q_scale = p.q_scale, a.k_i8 = p.k_i8, a.k_scale = p.k_scale;
+  if (v_mode == sage::kVNone) a.v = strided(x.v);
+  else a.v = {p.v_out, x.hk * p.nk_pad * d_pad, p.nk_pad * d_pad, d_pad};  // (fp8 V^T: only .ptr is read)
+  a.v_scale = p.v_scale, a.v_mean = p.v_mean;
+  a.out = out_hnd.data_ptr(), a.o_sb = out_hnd.stride(0), a.o_sh = out_hnd.stride(1), a.o_sn = out_hnd.stride(2);
+  a.lse = return_lse ? lse.data_ptr<float>() : nullptr;
+  a.batch = p.batch, a.hq = p.hq, a.hk = p.hk, a.nq = p.nq, a.nk = p.nk, a.d = p.d;
+  a.nq_pad = p.nq_pad, a.nk_pad = p.nk_pad;
+  a.scale_log2 = static_cast<float>(sm_scale) * 1.4426950408889634f;
+  a.causal = causal, a.causal_offset = static_cast<int>(causal_offset), a.pv_accum = accum;
+  const sage::DType dtype = q.scalar_type() == at::kBFloat16 ? sage::kBF16 : sage::kF16;
+  if constexpr (kPvFp8) sage::attention_pv8(a, dtype, static_cast<int>(d_pad), stream);
+  else sage::attention_pv16(a, dtype, static_cast<int>(d_pad), stream);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (return_lse && smooth_k) {  // add back what K smoothing subtracted from every score of a row: sm_scale q·mean(k)
+    const auto k_mean = w.buffer.narrow(0, w.parts[4].first, w.parts[4].second).view(at::kFloat)
+                            .view({x.batch, x.hk, 1, d_pad}).narrow(3, 0, x.d)
+                            .repeat_interleave(x.hq / x.hk, 1);  // [B, Hq, 1, d]
+    lse.add_(at::matmul(x.q.to(at::kFloat), k_mean.transpose(2, 3)).squeeze(-1), sm_scale);
+  }
+  return {out, lse};
+}
+
+// The intermediates of prepare(), for tests: q_i8, q_scale, k_i8, k_scale, k_mean, v_out, v_scale, v_mean.
+inline std::vector<torch::Tensor> quantize(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                           bool nhd, int64_t q_gran, int64_t k_gran, int64_t v_mode, bool smooth_k,
+                                           bool smooth_v, double v_fp8_max) {
+  const Views x = check_inputs(q, k, v, nhd);
+  TORCH_CHECK(v_mode >= sage::kVNone && v_mode <= sage::kV16, "v_mode must be 0, 1 or 2");
+  const c10::cuda::CUDAGuard guard(q.device());
+  check_device();
+  const Workspace w = prepare(x, static_cast<int>(q_gran), static_cast<int>(k_gran), static_cast<int>(v_mode),
+                              smooth_k, smooth_v, static_cast<float>(v_fp8_max), c10::cuda::getCurrentCUDAStream());
+  const sage::PrepareParams& p = w.p;
+  const int64_t dp = p.d_pad;
+  auto part = [&](int i, at::ScalarType dtype, at::IntArrayRef shape) {
+    return w.buffer.narrow(0, w.parts[i].first, w.parts[i].second).view(dtype).view(shape);
+  };
+  torch::Tensor v_out;
+  if (v_mode == sage::kVFp8) v_out = part(5, at::kFloat8_e4m3fn, {x.batch, x.hk, dp, p.nk_pad});
+  else if (v_mode == sage::kV16) v_out = part(5, q.scalar_type(), {x.batch, x.hk, p.nk_pad, dp});
+  return {part(0, at::kChar, {x.batch, x.hq, p.nq_pad, dp}), part(1, at::kFloat, {x.batch, x.hq, p.nq_pad}),
+          part(2, at::kChar, {x.batch, x.hk, p.nk_pad, dp}), part(3, at::kFloat, {x.batch, x.hk, p.nk_pad}),
+          part(4, at::kFloat, {x.batch, x.hk, dp}), v_out,
+          v_mode == sage::kVFp8 ? part(6, at::kFloat, {x.batch, x.hk, dp}) : torch::Tensor(),
+          smooth_v ? part(7, at::kFloat, {x.batch, x.hk, dp}) : torch::Tensor()};
+}
+
+template <bool kPvFp8>
+void define_module(pybind11::module_& m) {
+  m.doc() = kPvFp8 ? "sageattention kernels: INT8 Q·K^T, FP8 P·V (mma.sync, sm89+)"
+                   : "sageattention kernels: INT8 Q·K^T, 16-bit P·V (mma.sync, sm80+)";
+  m.def("attention", &attention<kPvFp8>, "quantize q, k, v and attend; returns [out, lse]");
+  m.def("quantize", &quantize, "the quantized intermediates, for tests");
+  m.def("runs_on_current_device", &sage::module_runs_on_current_device,
+        "whether this module holds device code the current CUDA device runs");
+#if defined(SAGE_FP8_F16_ACCUM)
+  m.attr("FP8_F16_ACCUM") = true;
+#else
+  m.attr("FP8_F16_ACCUM") = false;
+#endif
+}
+
+}  // namespace sage::binding

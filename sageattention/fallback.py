@@ -1,0 +1,54 @@
+"""Small problems go to PyTorch's scaled_dot_product_attention, so that `sageattn` is never meaningfully slower.
+
+Quantized attention pays for quantizing Q, K and V with faster matrix products; with a handful of keys (text
+cross-attention: 77) or a tiny problem there is nothing to win back, and PyTorch's kernels are exact. Only
+`sageattn` does this (the named variants always run their kernels), and only where SDPA computes the same thing:
+no LSE asked for, no attention mask, no causal mask that leaves rows without keys.
+
+`SAGEATTN_SDPA_FALLBACK=0` in the environment, or `set_sdpa_fallback(False)`, forces the quantized kernels;
+`sageattention.explain(...)` and the `sageattention` logger (DEBUG) say which path a call takes.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from .inputs import to_hnd
+
+MIN_KEYS = 128  # fewer keys than one quantization block of K
+MIN_MACS = 1 << 27  # B * Hq * Nq * Nk * D below this: a few microseconds of tensor-core work
+
+_enabled = os.environ.get("SAGEATTN_SDPA_FALLBACK", "1").strip() != "0"
+
+
+def set_sdpa_fallback(enabled: bool) -> None:
+    """Whether `sageattn` may hand small problems to SDPA (default True; the environment's
+    SAGEATTN_SDPA_FALLBACK=0 sets it False at import)."""
+    global _enabled
+    _enabled = bool(enabled)
+
+
+def sdpa_reason(b: int, hq: int, nq: int, nk: int, d: int, *, is_causal: bool, masked: bool,
+                return_lse: bool) -> str | None:
+    """Why this `sageattn` call goes to SDPA, or None when it runs the quantized kernels."""
+    if not _enabled or return_lse or masked or (is_causal and nq > nk):
+        return None
+    if nk < MIN_KEYS:
+        return f"{nk} keys (fewer than {MIN_KEYS}): quantizing K and V cannot pay off"
+    if b * hq * nq * nk * d < MIN_MACS:
+        return f"{b * hq * nq * nk * d} multiply-adds (fewer than 2**27): too small to pay for quantization"
+    return None
+
+
+def sdpa(q, k, v, tensor_layout: str, is_causal: bool, sm_scale: float) -> torch.Tensor:
+    """SDPA with sageattn's semantics: GQA, bottom-right causal alignment; output contiguous in q's layout."""
+    qh, kh, vh = (to_hnd(t, tensor_layout) for t in (q, k, v))
+    nq, nk = qh.shape[2], kh.shape[2]
+    mask = None
+    if is_causal and nq != nk:  # bottom-right: query i sees keys j <= i + nk - nq (SDPA's is_causal is top-left)
+        mask = torch.ones(nq, nk, dtype=torch.bool, device=q.device).tril(nk - nq)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        qh, kh, vh, attn_mask=mask, is_causal=is_causal and mask is None, scale=sm_scale,
+        enable_gqa=qh.shape[1] != kh.shape[1])
+    return out if tensor_layout == "HND" else out.transpose(1, 2).contiguous()

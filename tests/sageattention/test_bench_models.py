@@ -1,0 +1,204 @@
+"""bench.models without a GPU: the shape table, the calls it builds, the TOPS formula, the measurement loop (with
+stand-in timings), child processes, argument parsing and the report, on synthetic rows."""
+import json
+import sys
+import warnings
+
+import pytest
+import torch
+
+from bench import models, workloads
+from bench.workloads import MODELS
+
+# The shapes of issue 16: (B, Hq, Hkv, Nq, Nk, d, layout, dtype, causal).
+ISSUE_SHAPES = {
+    (1, 24, 24, 4608, 4608, 128, "NHD", "bfloat16", False),  # Flux 1024 px
+    (2, 10, 10, 4096, 4096, 64, "NHD", "float16", False),  # SDXL self-attention
+    (2, 10, 10, 4096, 77, 64, "NHD", "float16", False),  # SDXL cross-attention
+    (2, 30, 30, 17776, 17776, 64, "HND", "float16", False),  # CogVideoX-2B
+    (1, 40, 40, 32760, 32760, 128, "HND", "bfloat16", False),  # Wan2.1-14B 480p
+    (1, 32, 8, 8192, 8192, 128, "HND", "bfloat16", True),  # LLM GQA prefill
+    (1, 16, 16, 1024, 1024, 64, "HND", "float16", False),  # small call
+}
+
+
+def test_the_table_holds_the_issues_shapes():
+    got = {(m.b, m.hq, m.hk, m.nq, m.nk, m.d, m.layout, m.dtype, m.causal) for m in MODELS.values()}
+    assert got == ISSUE_SHAPES
+    assert all(key == m.key for key, m in MODELS.items())
+
+
+@pytest.mark.parametrize("key", list(MODELS))
+def test_inputs_follow_the_models_layout_and_dtype(key):
+    m = MODELS[key]
+    q, k, v = workloads.inputs(m, device="meta")
+    if m.layout == "NHD":
+        assert q.shape == (m.b, m.nq, m.hq, m.d) and k.shape == v.shape == (m.b, m.nk, m.hk, m.d)
+    else:
+        assert q.shape == (m.b, m.hq, m.nq, m.d) and k.shape == v.shape == (m.b, m.hk, m.nk, m.d)
+    assert {t.dtype for t in (q, k, v)} == {getattr(torch, m.dtype)}
+
+
+@pytest.mark.parametrize("key", ["sdxl-cross", "llm-gqa"])
+def test_calls_pass_sdpa_bhnd_views_and_sageattention_the_models_layout(key, monkeypatch):
+    m = MODELS[key]
+    seen = []
+    monkeypatch.setattr(workloads, "sdpa", lambda q, k, v, **kw: seen.append(("sdpa", q.shape, k.shape, kw)))
+    for name in workloads.SAGE_FUNCTIONS:
+        monkeypatch.setitem(workloads.SAGE_FUNCTIONS, name,
+                            lambda q, k, v, **kw: seen.append(("sage", q.shape, k.shape, kw)))
+    calls = workloads.methods(m, *workloads.inputs(m, device="meta"))
+    assert tuple(calls) == workloads.METHODS
+    for call in calls.values():
+        call()
+    gqa = {"enable_gqa": True} if m.hk != m.hq else {}
+    sdpa_calls = [s for s in seen if s[0] == "sdpa"]
+    assert sdpa_calls == [("sdpa", (m.b, m.hq, m.nq, m.d), (m.b, m.hk, m.nk, m.d), dict(is_causal=m.causal, **gqa))] * 2
+    sage_kw = [s[3] for s in seen if s[0] == "sage"]
+    assert sage_kw == [dict(tensor_layout=m.layout, is_causal=m.causal)] * len(workloads.SAGE_FUNCTIONS)
+
+
+def test_tops_counts_nq_times_nk_and_halves_causal():
+    cross = MODELS["sdxl-cross"]
+    assert cross.tops(2.0) == pytest.approx(4 * 2 * 10 * 4096 * 77 * 64 / 2e-3 / 1e12)
+    llm = MODELS["llm-gqa"]
+    assert llm.tops(1.0) == pytest.approx(workloads.attention_tops(1, 32, 8192, 8192, 128, False, 1.0) / 2)
+    # query heads count, not key/value heads
+    assert llm.tops(1.0) == pytest.approx(2 * 32 * 8192 * 8192 * 128 / 1e-3 / 1e12)
+
+
+@pytest.mark.filterwarnings("ignore:running on Triton")  # the loop's calls, outside the recorder
+def test_measure_times_each_method_and_keeps_going_past_one_that_raises(monkeypatch):
+    m = MODELS["small"]
+    count = {"sdpa flash": 0, "sageattn": 0}
+
+    def call(name):
+        def run():
+            count[name] += 1
+            if name == "sageattn":
+                warnings.warn("running on Triton", RuntimeWarning)
+        return run
+
+    monkeypatch.setattr(models, "inputs", lambda m: ())
+    monkeypatch.setattr(models, "methods", lambda m: {n: call(n) for n in count})
+    monkeypatch.setattr(models, "median_ms", lambda fn, label: (fn(), None if "flash" in label else 0.5)[1])
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    notes = {}
+    row = models.measure(m, ["sdpa flash", "sageattn"], calls=5, notes=notes)
+    assert row["median_ms"] == {"sdpa flash": None, "sageattn": 0.5}
+    assert row["tops"] == {"sdpa flash": None, "sageattn": round(m.tops(0.5), 1)}
+    assert set(row["ms_per_call"]) == {"sageattn"} and row["ms_per_call"]["sageattn"] >= 0
+    assert count == {"sdpa flash": 1, "sageattn": 1 + 1 + 5}  # timed once, warm-up, the loop
+    assert notes == {"sageattn": "running on Triton"}
+    # A long call loops fewer times (about 1 s of GPU work, at least 10); calls=0 does not loop.
+    monkeypatch.setattr(models, "median_ms", lambda fn, label: 250.0)
+    count["sageattn"] = 0
+    models.measure(m, ["sageattn"], calls=200, notes={})
+    assert count["sageattn"] == 1 + 10
+    assert "ms_per_call" not in models.measure(m, ["sageattn"], calls=0, notes={})
+
+
+def test_the_first_call_process_loads_no_triton_before_the_call():
+    # bench.first_call imports bench.workloads untimed: Triton loaded there would be missing from the first call's time.
+    code = "import sys, bench.workloads; print('{\"triton\": %s}' % ('triton' in sys.modules and 1 or 0))"
+    assert models.child_json([sys.executable, "-c", code]) == [{"triton": 0}]
+
+
+def test_child_json_reads_json_lines_or_reports_the_failure(capsys):
+    assert models.child_json([sys.executable, "-c", "print('noise'); print('{\"a\": 1}')"]) == [{"a": 1}]
+    assert models.child_json([sys.executable, "-c", "raise RuntimeError('no kernel for sm75')"]) is None
+    assert "RuntimeError: no kernel for sm75" in capsys.readouterr().err
+
+
+def test_the_first_call_process_names_what_it_supports(capsys):
+    assert models.child_json(models.first_call_cmd(MODELS["small"], "xformers")) is None
+    assert "unknown model 'small' or method 'xformers'; models: flux" in capsys.readouterr().err
+
+
+def test_spread_is_max_over_min_of_every_process():
+    assert models.spread_pct([10.0, 10.4, 10.2], 3) == 4.0
+    assert models.spread_pct([10.0, None, 10.2], 3) is None
+    assert models.spread_pct([10.0, 10.2], 3) is None  # a process failed
+
+
+def test_arguments():
+    args = models.parse_args(["--models", "flux,small", "--methods", "sdpa cudnn,sageattn", "--first-call"])
+    assert (args.models, args.methods, args.first_call, args.spread) == (["flux", "small"], ["sdpa cudnn", "sageattn"],
+                                                                         True, 0)
+    defaults = models.parse_args([])
+    assert (defaults.models, defaults.methods) == (list(MODELS), list(workloads.METHODS))
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--models", "flux,sd3"], "unknown ['sd3']; supported: flux, sdxl"),
+    (["--methods", "xformers"], "supported: sdpa flash, sdpa cudnn, sageattn"),
+    (["--spread", "1"], "at least 2 processes"),
+    (["--fresh-cache"], "add --first-call"),
+    (["--calls", "0"], "at least 1"),
+])
+def test_bad_arguments_name_the_problem(argv, says, capsys):
+    with pytest.raises(SystemExit):
+        models.parse_args(argv)
+    assert says in capsys.readouterr().err
+
+
+def synthetic_rows():
+    names = ["sdpa cudnn", "sageattn"]
+    rows = [dict(model=m.key, label=m.label, shape=m.shape(), tops=dict(zip(names, tops)), ms_per_call={names[0]: 0.05},
+                 first_call_s=dict(zip(names, (0.07, 1.8))), spread_pct=dict(zip(names, (1.5, None))),
+                 imports_s={n: dict(import_torch_s=t, import_sageattention_s=0.2) for n, t in zip(names, (1.1, 1.3))})
+            for m, tops in ((MODELS["flux"], (645.0, 593.2)), (MODELS["sdxl-cross"], (24.0, None)))]
+    meta = dict(device="NVIDIA H100 80GB HBM3", torch="2.9.0", triton="3.5.0", python="3.12.3",
+                command="python -m bench.models --first-call", notes={"sageattn": "running on Triton"})
+    return rows, meta, names
+
+
+def test_markdown_has_one_table_per_measured_column():
+    rows, meta, names = synthetic_rows()
+    text = models.markdown(rows, meta, names)
+    assert "NVIDIA H100 80GB HBM3, torch 2.9.0, Triton 3.5.0" in text and "`python -m bench.models --first-call`" in text
+    assert "| Flux 1024 px | B1 H24 N4608 d128 NHD bfloat16 | 645 | 593 |" in text
+    assert "| SDXL cross-attn | B2 H10 Nq4096×Nk77 d64 NHD float16 | 24 | — |" in text
+    assert "| Flux 1024 px | B1 H24 N4608 d128 NHD bfloat16 | 0.050 | — |" in text  # ms/call
+    assert "| 0.07 | 1.80 |" in text and "| 1.5 | — |" in text
+    assert "torch 1.10–1.30 s, sageattention 0.20–0.20 s" in text
+    assert "- sageattn: running on Triton" in text
+    del rows[0]["spread_pct"], rows[1]["spread_pct"]
+    assert "max/min" not in models.markdown(rows, meta, names)
+
+
+def test_report_writes_json_markdown_and_chart(tmp_path):
+    pytest.importorskip("matplotlib")
+    rows, meta, names = synthetic_rows()
+    stem = models.report(rows, meta, names, tmp_path)
+    assert stem == tmp_path / "NVIDIA_H100_80GB_HBM3_models"
+    assert json.loads(stem.with_suffix(".json").read_text()) == dict(meta=meta, rows=rows)
+    assert stem.with_suffix(".md").read_text() == models.markdown(rows, meta, names)
+    assert stem.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_main_puts_every_measurement_in_the_report(monkeypatch, tmp_path):
+    pytest.importorskip("matplotlib")  # the chart; bench's extra, not test's
+    children = []
+
+    def child(cmd, env=None):  # stand-ins for the fresh processes: first calls, and the --spread processes
+        children.append(cmd[2:])
+        if cmd[2] == "bench.first_call":
+            return [dict(import_torch_s=1.0, import_sageattention_s=0.25, first_call_s=0.5)]
+        return [dict(model="small", median_ms={"sageattn": 1.0 + 0.1 * len(children)})]
+
+    monkeypatch.setattr(models, "child_json", child)
+    monkeypatch.setattr(models, "measure", lambda m, names, calls, notes: dict(
+        model=m.key, label=m.label, shape=m.shape(), tops={"sageattn": 100.0}, ms_per_call={"sageattn": 0.3}))
+    monkeypatch.setattr(models, "run_meta", lambda module, argv: dict(
+        device="GPU X", torch="t", triton="tr", python="p", command=f"python -m {module} {' '.join(argv)}"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    argv = ["--models", "small", "--methods", "sageattn", "--first-call", "--spread", "2", "--out", str(tmp_path)]
+    assert models.main(argv) == 0
+    report = json.loads((tmp_path / "GPU_X_models.json").read_text())
+    assert report["meta"]["command"].startswith("python -m bench.models --models small")
+    (row,) = report["rows"]
+    assert row["first_call_s"] == {"sageattn": 0.5}
+    assert row["imports_s"] == {"sageattn": dict(import_torch_s=1.0, import_sageattention_s=0.25)}
+    assert row["spread_pct"] == {"sageattn": round((1.4 / 1.3 - 1) * 100, 1)}
+    assert [c[0] for c in children] == ["bench.first_call"] * 2 + ["bench.models"] * 2  # warm-up, first call, spread

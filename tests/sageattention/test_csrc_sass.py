@@ -1,0 +1,94 @@
+"""nvcc compiles the kernels of csrc/ for each family's archs, and their SASS holds the instructions they exist for.
+
+No GPU and no torch headers needed: the kernel sources are torch-free (only csrc/<family>/bindings.cpp includes
+torch; the rehearsal builds the whole extension). Each (source, arch) is compiled once per session to a cubin.
+On sm_90 the e4m3 mma.sync has no native instruction: nvcc lowers it to f16 HMMA (which is why Hopper needs its
+own wgmma kernel); sm_89 and sm_120 run it as QMMA.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CSRC = ROOT / "csrc"
+FLAGS = ["-std=c++17", "-O3", "-DSAGE_FP8_F16_ACCUM=1", f"-I{CSRC}"]
+IMMA = "IMMA.16832.S8.S8"
+QMMA_F32, QMMA_F16 = "QMMA.16832.F32.E4M3.E4M3", "QMMA.16832.F16.E4M3.E4M3"
+# (family, source) -> {arch: instructions its SASS must hold}
+EXPECTED = {
+    ("sm80", "attention_d64.cu"): {a: [IMMA, "HMMA.16816.F32", "HMMA.16816.F32.BF16", "HMMA.16816.F16"]
+                                   for a in ("80", "89", "90a", "120a")},
+    ("sm80", "attention_d128.cu"): {a: [IMMA, "HMMA.16816.F32", "HMMA.16816.F32.BF16"] for a in ("80", "120a")},
+    ("sm89", "attention_d64.cu"): {"89": [IMMA, QMMA_F32, QMMA_F16], "120a": [IMMA, QMMA_F32, QMMA_F16],
+                                   "90a": [IMMA, "HMMA.16816.F32"]},
+    ("sm89", "attention_d128.cu"): {a: [IMMA, QMMA_F32, QMMA_F16] for a in ("89", "120a")},
+    ("sm89", "prepare.cu"): {a: ["F2FP.SATFINITE.E4M3.F32"] for a in ("89", "120a")},
+    ("sm80", "prepare.cu"): {"80": ["F2FP.PACK_AB", "F2FP.BF16.PACK_AB"]},
+    ("sm80", "family.cu"): {"80": [IMMA]},
+    ("sm89", "family.cu"): {"89": [QMMA_F32]},
+}
+CASES = [(family, source, arch) for (family, source), archs in sorted(EXPECTED.items()) for arch in archs]
+
+
+def cuobjdump() -> str | None:
+    """The CUDA toolkit's cuobjdump, else the copy shipped inside the triton package."""
+    if shutil.which("cuobjdump"):
+        return shutil.which("cuobjdump")
+    try:
+        import triton
+    except ImportError:
+        return None
+    bundled = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    return str(bundled) if os.access(bundled, os.X_OK) else None
+
+
+@pytest.fixture(scope="session")
+def sass(tmp_path_factory):
+    nvcc, tool = shutil.which("nvcc"), cuobjdump()
+    if nvcc is None or tool is None:
+        pytest.skip(f"needs nvcc and cuobjdump (found nvcc={nvcc}, cuobjdump={tool})")
+    out_dir = tmp_path_factory.mktemp("csrc_cubins")
+    cache = {}
+
+    def disassemble(family: str, source: str, arch: str) -> str:
+        if (family, source, arch) not in cache:
+            cubin = out_dir / f"{family}_{Path(source).stem}_{arch}.cubin"
+            subprocess.run([nvcc, *FLAGS, f"-gencode=arch=compute_{arch},code=sm_{arch}", "-cubin", "-o", str(cubin),
+                            str(CSRC / family / source)], check=True, capture_output=True, text=True)
+            cache[family, source, arch] = subprocess.run([tool, "-sass", str(cubin)], check=True,
+                                                         capture_output=True, text=True).stdout
+        return cache[family, source, arch]
+
+    return disassemble
+
+
+# Attention kernels that may touch local memory: the sm89 family on sm_90, where the FP8 MMA's emulation through
+# f16 needs a few more registers than there are (a few bytes; sageattn runs the Triton kernels on Hopper).
+SPILLS_ALLOWED = {("sm89", "90a")}
+
+
+@pytest.mark.parametrize("family, source, arch", CASES)
+def test_kernels_compile_to_their_instructions(sass, family, source, arch):
+    code = sass(family, source, arch)
+    for instruction in EXPECTED[family, source][arch]:
+        assert instruction in code, f"{instruction} missing from the sm_{arch} SASS of csrc/{family}/{source}"
+    if source.startswith("attention") and (family, arch) not in SPILLS_ALLOWED:
+        # register arrays indexed at run time, or too many registers, would go to local memory (slow)
+        assert "STL" not in code and "LDL" not in code, f"local memory in csrc/{family}/{source} for sm_{arch}"
+
+
+def test_every_kernel_source_is_covered():
+    sources = {(p.parent.name, p.name) for p in CSRC.glob("*/*.cu")}
+    assert sources == set(EXPECTED), "add the new or renamed csrc/ sources to EXPECTED"
+
+
+def test_only_the_bindings_include_torch():
+    for path in CSRC.rglob("*"):
+        if path.suffix in (".cu", ".cuh", ".h", ".cpp"):
+            includes_torch = "torch/extension.h" in path.read_text() or "<ATen/" in path.read_text()
+            assert includes_torch == (path.name in ("binding.h",)), f"{path.relative_to(ROOT)}"

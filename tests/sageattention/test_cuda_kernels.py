@@ -1,0 +1,222 @@
+"""The compiled kernels (csrc/, modules sageattention._C_sm80 and _C_sm89) against the reference, on a GPU.
+
+Kernel level: the modules are called directly, so these tests pin what each kernel computes; test_gpu.py checks
+the public functions on top of them. Every output is allocated by the module from memory that was filled with NaN
+just before (the caching allocator hands the freed block back), so an element the kernel does not write fails.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.sageattention.helpers import assert_close, make_qkv, metrics, sdpa_fp32
+from sageattention import reference
+from sageattention.inputs import to_hnd
+from sageattention.quant_groups import GRANULARITIES, k_grouping, q_grouping
+
+pytestmark = pytest.mark.gpu
+
+GRAN = {name: i for i, name in enumerate(GRANULARITIES)}  # csrc/common/params.h: Granularity
+ACC_F32, ACC_TWO_LEVEL, ACC_F16_INNER = 0, 1, 2  # PvAccum
+V_NONE, V_FP8, V_16 = 0, 1, 2  # VMode
+
+
+def module(family: str):
+    try:
+        mod = importlib.import_module(f"sageattention._C_{family}")
+    except ImportError as e:
+        pytest.skip(f"sageattention._C_{family} is not built: {e}")
+    if not mod.runs_on_current_device():
+        pytest.skip(f"sageattention._C_{family} has no kernels for this GPU")
+    return mod
+
+
+def poison_allocator(n_bytes: int = 256 << 20) -> None:
+    """Fill free blocks of the caching allocator with NaN so that unwritten outputs show."""
+    block = torch.full((n_bytes // 2,), float("nan"), dtype=torch.float16, device="cuda")
+    del block
+
+
+def run(mod, q, k, v, layout, *, causal=False, gran="per_thread", accum=ACC_TWO_LEVEL, smooth_k=True,
+        smooth_v=False, lse=False, sm_scale=None):
+    nq, nk = to_hnd(q, layout).shape[2], to_hnd(k, layout).shape[2]
+    scale = q.shape[-1] ** -0.5 if sm_scale is None else sm_scale
+    before = [t.clone() for t in (q, k, v)]
+    poison_allocator()
+    out, lse_out = mod.attention(q, k, v, layout == "NHD", causal, nk - nq, scale, GRAN[gran], GRAN[gran], accum,
+                                 smooth_k, smooth_v, lse)
+    torch.cuda.synchronize()
+    for t, b in zip((q, k, v), before):
+        assert torch.equal(t, b), "the kernel changed its inputs"
+    assert out.shape == q.shape and out.dtype == q.dtype and out.is_contiguous()
+    return out, lse_out
+
+
+def reference_of(q, k, v, layout, *, fp8, causal=False, gran="per_thread", accum=ACC_TWO_LEVEL, smooth_v=False,
+                 sm_scale=None):
+    v_max = 2.25 if (fp8 and accum == ACC_F16_INNER) else reference.FP8_MAX
+    out, lse = reference.sage_attention_reference(
+        *(to_hnd(t, layout).cpu() for t in (q, k, v)), is_causal=causal, qk_quant_gran=gran,
+        pv_dtype="fp8" if fp8 else "fp16", smooth_v=smooth_v, v_max=v_max, compiled=True, sm_scale=sm_scale)
+    return to_hnd(out, layout), lse
+
+
+FAMILIES = [("sm80", False), ("sm89", True)]
+TOL = {False: dict(cos=0.9995, rel_l1=0.03), True: dict(cos=0.999, rel_l1=0.05)}  # vs fp32 SDPA
+# vs the quantized reference: FP8 P is rounded against the running row max in the kernel and the final one in the
+# reference, so FP8 kernels differ from it at FP8-noise level
+REF_TOL = {False: dict(cos=0.9999, rel_l1=0.006), True: dict(cos=0.999, rel_l1=0.05)}
+
+
+@pytest.mark.parametrize("family, fp8", FAMILIES)
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128, 80])
+def test_random_inputs_vs_sdpa(family, fp8, layout, causal, d):
+    mod = module(family)
+    q, k, v = make_qkv(b=2, hq=4, hk=2, nq=333, nk=1000, d=d, layout=layout, seed=d + causal)
+    out, _ = run(mod, q, k, v, layout, causal=causal)
+    ref, _ = sdpa_fp32(q, k, v, layout, is_causal=causal)
+    assert_close(out.float().cpu(), ref.cpu(), **TOL[fp8], what=f"{family} {layout} causal={causal} d={d}")
+
+
+@pytest.mark.parametrize("family, fp8", FAMILIES)
+@pytest.mark.parametrize("gran", GRANULARITIES)
+@pytest.mark.parametrize("accum", [ACC_F32, ACC_TWO_LEVEL, ACC_F16_INNER])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_structured_inputs_vs_reference_and_sdpa(family, fp8, gran, accum, dtype):
+    """Channel-biased K and outlier Q channels: close to the quantized reference, and to SDPA."""
+    mod = module(family)
+    q, k, v = make_qkv(b=1, hq=4, nq=512, nk=777, d=128, dtype=dtype, k_bias=3.5, q_outlier=5.5, seed=7)
+    out, _ = run(mod, q, k, v, "HND", gran=gran, accum=accum)
+    ref, _ = reference_of(q, k, v, "HND", fp8=fp8, gran=gran, accum=accum)
+    assert_close(out.float().cpu(), ref.float(), **REF_TOL[fp8], what=f"vs reference {gran} acc={accum}")
+    sdpa, _ = sdpa_fp32(q, k, v)
+    assert_close(out.float().cpu(), sdpa.cpu(), cos=0.995, rel_l1=0.09, what=f"vs sdpa {gran} acc={accum}")
+
+
+@pytest.mark.parametrize("family, fp8", FAMILIES)
+@pytest.mark.parametrize("nq, nk", [(1, 1), (17, 17), (77, 4097), (4097, 77), (1000, 1), (128, 64), (129, 65)])
+def test_odd_lengths(family, fp8, nq, nk):
+    mod = module(family)
+    for causal in (False, True):
+        q, k, v = make_qkv(b=1, hq=2, nq=nq, nk=nk, d=64, layout="NHD", seed=nq * 7 + nk)
+        out, lse = run(mod, q, k, v, "NHD", causal=causal, lse=True)
+        ref, ref_lse = sdpa_fp32(q, k, v, "NHD", is_causal=causal)
+        rows = torch.isfinite(ref_lse).cpu()  # bottom-right causal, nq > nk: rows without keys give 0 and -inf
+        assert torch.equal(torch.isneginf(lse.cpu()), ~rows), "rows without keys must have LSE -inf"
+        masked_out = to_hnd(out, "NHD").float().cpu()[~rows]
+        assert torch.equal(masked_out, torch.zeros_like(masked_out)), "rows without keys must be 0"
+        assert_close(out.float().cpu(), torch.nan_to_num(ref.cpu()), **TOL[fp8], what=f"nq={nq} nk={nk} {causal}")
+        err = (lse.cpu()[rows] - ref_lse.cpu()[rows]).abs().max().item() if rows.any() else 0.0
+        assert err < 0.05, f"lse off by {err}"
+
+
+@pytest.mark.parametrize("family, fp8", FAMILIES)
+def test_gqa_mqa_and_smooth_v(family, fp8):
+    mod = module(family)
+    for hk in (1, 2):
+        q, k, v = make_qkv(b=2, hq=8, hk=hk, nq=256, nk=300, d=128, seed=hk)
+        v = v + 2.0  # a V mean worth removing
+        out, _ = run(mod, q, k, v, "HND", smooth_v=True)
+        ref, _ = sdpa_fp32(q, k, v)
+        assert_close(out.float().cpu(), ref.cpu(), **TOL[fp8], what=f"hk={hk} smooth_v")
+
+
+@pytest.mark.parametrize("family, fp8", FAMILIES)
+def test_lse_with_smoothing(family, fp8):
+    mod = module(family)
+    q, k, v = make_qkv(b=1, hq=2, nq=200, nk=300, d=64, k_bias=2.0, seed=3)
+    _, lse = run(mod, q, k, v, "HND", lse=True, smooth_k=True)
+    _, ref_lse = sdpa_fp32(q, k, v)
+    assert lse.dtype == torch.float32 and lse.shape == (1, 2, 200)
+    assert (lse.cpu() - ref_lse.cpu()).abs().max().item() < 0.05
+
+
+@pytest.mark.parametrize("family, fp8", FAMILIES)
+def test_strided_and_unaligned_views(family, fp8):
+    mod = module(family)
+    q, k, v = make_qkv(b=1, hq=2, nq=100, nk=130, d=64, layout="NHD", strided=True, seed=11)
+    out, _ = run(mod, q, k, v, "NHD")
+    ref, _ = sdpa_fp32(q, k, v, "NHD")
+    assert_close(out.float().cpu(), ref.cpu(), **TOL[fp8], what="strided views")
+    q, k, v = make_qkv(b=1, hq=2, nq=100, nk=130, d=60, seed=12)  # head_dim 60: 120-byte rows, no vector loads
+    out, _ = run(mod, q, k, v, "HND")
+    ref, _ = sdpa_fp32(q, k, v)
+    assert_close(out.float().cpu(), ref.cpu(), **TOL[fp8], what="d=60")
+
+
+@pytest.mark.parametrize("family, fp8", FAMILIES)
+@pytest.mark.parametrize("gran", GRANULARITIES)
+def test_quantize_matches_reference_bit_for_bit(family, fp8, gran):
+    """INT8 Q and K (given the kernel's K mean) and the FP8 V^T (given its V mean) equal the reference's."""
+    mod = module(family)
+    q, k, v = make_qkv(b=2, hq=4, hk=2, nq=300, nk=333, d=128, k_bias=2.0, q_outlier=4.0, seed=5)
+    v_mode = V_FP8 if fp8 else V_16
+    q_i8, q_s, k_i8, k_s, k_mean, v_out, v_s, v_mean = mod.quantize(q, k, v, False, GRAN[gran], GRAN[gran], v_mode,
+                                                                    True, True, 448.0)
+    nq, nk, d = 300, 333, 128
+    ref_kmean = reference.token_mean(k.cpu())
+    assert torch.allclose(k_mean.cpu()[:, :, None, :], ref_kmean, rtol=1e-5, atol=1e-6)
+    for x, x_i8, x_s, g, mean in ((q, q_i8, q_s, q_grouping(gran, True), None),
+                                  (k, k_i8, k_s, k_grouping(gran, True), k_mean.cpu()[:, :, None, :])):
+        r_i8, r_s = reference.quantize_int8(x.cpu(), g, mean)
+        n = x.shape[2]
+        assert torch.equal(x_i8.cpu()[:, :, :n, :d], r_i8), f"{gran}: INT8 values differ"
+        assert torch.equal(x_s.cpu()[:, :, :n], reference.expand_groups(r_s, g, n)), f"{gran}: scales differ"
+        assert not x_i8.cpu()[:, :, n:].any(), "padding rows must be zero"
+    vm = v_mean.cpu()[:, :, None, :]
+    assert torch.allclose(vm, reference.token_mean(v.cpu()), rtol=1e-5, atol=1e-6)
+    if fp8:
+        r_v, r_s = reference.quantize_v_fp8(v.cpu(), vm)
+        slot = torch.tensor([_fp8_key_slot(j % 32) + j // 32 * 32 for j in range(v_out.shape[-1])])
+        v_keys = v_out.cpu()[..., slot].transpose(-1, -2)  # back to [B, H, N, D] in key order
+        assert torch.equal(v_s.cpu(), r_s)
+        assert torch.equal(v_keys[:, :, :nk].view(torch.uint8), r_v.view(torch.uint8))
+        assert not v_keys[:, :, nk:].view(torch.uint8).any()
+    else:
+        assert torch.equal(v_out.cpu()[:, :, :nk, :d], (v.cpu().float() - vm).to(v.dtype))
+
+
+def _fp8_key_slot(key: int) -> int:
+    """csrc/common/prepare.cuh fp8_key_slot: where key (0..31) of a 32-key group sits in V^T."""
+    r = key % 16
+    return key // 16 * 16 + (r % 8) // 2 * 4 + r // 8 * 2 + r % 2
+
+
+@pytest.mark.parametrize("family, fp8", FAMILIES)
+def test_large_v_fp16_accumulator_is_redone_in_fp32(family, fp8):
+    """fp16 per-tile accumulators that would overflow (|V| ~ 3e4) must not give inf where SDPA is finite."""
+    mod = module(family)
+    q, k, v = make_qkv(b=1, hq=2, nq=128, nk=256, d=64, seed=9)
+    v = (v * 1e4).clamp(-6e4, 6e4)
+    out, _ = run(mod, q, k, v, "HND", accum=ACC_F16_INNER)
+    ref, _ = sdpa_fp32(q, k, v)
+    assert torch.isfinite(out).all()
+    assert metrics(out.float().cpu(), ref.cpu())["cos"] > 0.99
+
+
+def test_pv8_f16_accumulator_flag_is_reported():
+    mod = module("sm89")
+    assert isinstance(mod.FP8_F16_ACCUM, bool)
+
+
+def test_memcheck_clean_on_small_odd_shapes():
+    """compute-sanitizer finds no out-of-bounds or misaligned access on odd lengths, head dims, GQA, layouts."""
+    module("sm80")
+    tool = shutil.which("compute-sanitizer")
+    if tool is None:
+        pytest.skip("compute-sanitizer is not installed")
+    script = Path(__file__).with_name("memcheck_cases.py")
+    root = Path(__file__).resolve().parents[2]
+    run = subprocess.run([tool, "--tool", "memcheck", "--error-exitcode", "3", sys.executable, str(script)],
+                         capture_output=True, text=True, cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
+    assert run.returncode == 0 and "memcheck cases done" in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "ERROR SUMMARY: 0 errors" in run.stdout + run.stderr

@@ -1,0 +1,140 @@
+"""Which kernels a call runs (SDPA for small problems, compiled, Triton), with mocked GPUs and builds; no GPU needed."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import sageattention as sa
+from sageattention import core, dispatch, fallback
+from tests.sageattention.helpers import fp64_out, make_qkv, metrics
+
+
+@pytest.fixture
+def sdpa_fallback():
+    fallback.set_sdpa_fallback(True)
+    yield
+    fallback.set_sdpa_fallback(False)  # tests/sageattention/conftest.py runs everything else without it
+
+
+@pytest.fixture
+def gpu(monkeypatch):
+    """Pretend to be a GPU of capability `cap` whose build holds the compiled families in `built`."""
+    def make(cap, built=("sm80", "sm89")):
+        monkeypatch.setattr(dispatch, "capability", lambda device: cap)
+        monkeypatch.setattr(dispatch, "check_supported", lambda device, needs_fp8=False, only=None: cap)
+
+        def family(cap_, pv_fp8, device):
+            want = "sm89" if pv_fp8 else "sm80"
+            floor = (8, 9) if pv_fp8 else (8, 0)
+            return want if want in built and cap_ >= floor else None
+        monkeypatch.setattr(dispatch, "compiled_family", family)
+    return make
+
+
+def qkv(nq=256, nk=256, d=64, hq=4, hk=4):
+    return make_qkv(b=1, hq=hq, hk=hk, nq=nq, nk=nk, d=d, device="cpu")
+
+
+@pytest.mark.parametrize("cap, want", [((8, 0), "compiled sm80 kernels"), ((8, 6), "compiled sm80 kernels"),
+                                       ((8, 9), "compiled sm89 kernels"), ((12, 0), "compiled sm89 kernels"),
+                                       ((9, 0), "triton"), ((10, 0), "triton")])
+def test_sageattn_routes_by_arch(gpu, cap, want):
+    gpu(cap)
+    assert sa.explain(*qkv()).startswith(want)
+
+
+def test_named_cuda_variants_take_the_compiled_kernels_where_sageattn_prefers_triton(gpu, monkeypatch):
+    gpu((9, 0))
+    seen = []
+    monkeypatch.setattr(core.ops, "run_compiled_attention", lambda *a: seen.append(a[6]) or (a[0], None))
+    q, k, v = qkv()
+    core.sageattn_qk_int8_pv_fp8_cuda(q, k, v)
+    core.sageattn_qk_int8_pv_fp16_cuda(q, k, v)
+    core.sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v)
+    assert seen == ["sm89", "sm80", "sm89"]
+
+
+@pytest.mark.parametrize("why, kwargs, shape", [
+    ("attn_mask", {"attn_mask": torch.ones(256, 256, dtype=torch.bool)}, {}),
+    ("head_dim 192", {}, {"d": 192}),
+])
+def test_what_the_compiled_kernels_do_not_take_goes_to_triton(gpu, why, kwargs, shape):
+    gpu((8, 9))
+    assert sa.explain(*qkv(**shape), **kwargs).startswith(f"triton: {why}")
+
+
+def test_a_build_without_the_family_goes_to_triton(gpu):
+    gpu((8, 9), built=("sm80",))
+    assert sa.explain(*qkv()).startswith("triton: this build has no compiled FP8")
+
+
+def test_sageattn_default_granularity_follows_the_backend(gpu, monkeypatch):
+    gpu((8, 9))
+    grans = []
+    monkeypatch.setattr(core.ops, "run_compiled_attention", lambda *a: grans.append(a[7]) or (a[0], None))
+    q, k, v = qkv()
+    sa.sageattn(q, k, v)
+    sa.sageattn(q, k, v, qk_quant_gran="per_block")
+    assert grans == [core.GRAN_CODE[core.SAGEATTN_GRAN_COMPILED], core.GRAN_CODE["per_block"]]
+
+
+@pytest.mark.parametrize("accum, fp8, want", [
+    ("fp32", True, core.ACC_F32), ("fp32+fp32", True, core.ACC_TWO_LEVEL), ("fp32+fp16", True, core.ACC_F16_INNER),
+    ("fp32", False, core.ACC_F32), ("fp16+fp32", False, core.ACC_F16_INNER), ("fp16", False, core.ACC_F16_INNER),
+])
+def test_pv_accumulation_reaches_the_compiled_kernels(accum, fp8, want):
+    choices = core.FP8_PV_ACCUM if fp8 else core.FP16_PV_ACCUM
+    plan = core.resolve_plan("f", (8, 9), qk_quant_gran="per_thread", pv_fp8=fp8, pv_accum_dtype=accum,
+                             accum_choices=choices, smooth_k=True, smooth_v=False)
+    assert core.compiled_accum(plan) == want
+
+
+# ---------------------------------------------------------------- small problems -> SDPA
+
+@pytest.mark.parametrize("nq, nk, d, hq, why", [(4096, 77, 64, 10, "77 keys"), (64, 128, 64, 2, "multiply-adds")])
+def test_small_problems_go_to_sdpa(sdpa_fallback, nq, nk, d, hq, why):
+    q, k, v = make_qkv(b=1, hq=hq, nq=nq, nk=nk, d=d, device="cpu", seed=1)
+    assert why in sa.explain(q, k, v)
+    out = sa.sageattn(q, k, v)
+    exact, _ = fp64_out(q, k, v)
+    assert metrics(out, exact)["rel_l1"] < 2e-3  # SDPA is exact; the quantized kernels would be ~1e-2 off
+
+
+@pytest.mark.parametrize("kwargs", [{"return_lse": True}, {"attn_mask": torch.ones(64, 77, dtype=torch.bool)},
+                                    {"is_causal": True}])
+def test_what_sdpa_cannot_reproduce_keeps_the_kernels(sdpa_fallback, kwargs):
+    q, k, v = make_qkv(b=1, hq=2, nq=77 if "is_causal" not in kwargs else 100, nk=77, d=64, device="cpu")
+    q = q[:, :, :64] if "attn_mask" in kwargs else q
+    assert not sa.explain(q, k, v, **kwargs).startswith("sdpa")
+
+
+def test_the_fallback_can_be_turned_off(sdpa_fallback):
+    q, k, v = qkv(nk=77)
+    assert sa.explain(q, k, v).startswith("sdpa")
+    sa.set_sdpa_fallback(False)
+    assert not sa.explain(q, k, v).startswith("sdpa")
+
+
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_sdpa_fallback_keeps_sageattn_semantics(layout, is_causal):
+    """GQA, bottom-right causal (nq < nk), the caller's layout, contiguous output."""
+    q, k, v = make_qkv(b=2, hq=4, hk=2, nq=40, nk=100, d=64, layout=layout, device="cpu", seed=3)
+    out = fallback.sdpa(q, k, v, layout, is_causal, 64**-0.5)
+    exact, _ = fp64_out(q, k, v, layout, is_causal=is_causal)
+    assert out.shape == q.shape and out.is_contiguous()
+    assert metrics(out, exact)["rel_l1"] < 2e-3
+
+
+def test_sdpa_reason_thresholds():
+    kw = dict(is_causal=False, masked=False, return_lse=False)
+    fallback.set_sdpa_fallback(True)
+    try:
+        assert fallback.sdpa_reason(1, 16, 1024, 127, 64, **kw)
+        assert fallback.sdpa_reason(1, 16, 1024, 128, 64, **kw) is None  # B1 H16 N1k d64 runs the kernels
+        assert fallback.sdpa_reason(1, 1, 128, 128, 64, **kw)
+        assert fallback.sdpa_reason(1, 16, 77, 77, 64, is_causal=True, masked=False, return_lse=False)
+        assert fallback.sdpa_reason(1, 16, 1024, 77, 64, is_causal=True, masked=False, return_lse=False) is None
+        assert fallback.sdpa_reason(1, 16, 1024, 77, 64, is_causal=False, masked=False, return_lse=True) is None
+    finally:
+        fallback.set_sdpa_fallback(False)
