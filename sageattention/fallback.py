@@ -42,7 +42,8 @@ def sdpa_reason(b: int, hq: int, nq: int, nk: int, d: int, *, is_causal: bool, m
 
 
 def sdpa(q, k, v, tensor_layout: str, is_causal: bool, sm_scale: float) -> torch.Tensor:
-    """SDPA with sageattn's semantics: GQA, bottom-right causal alignment; output contiguous in q's layout."""
+    """SDPA with sageattn's semantics: GQA, bottom-right causal alignment; output in q's layout (for NHD the same
+    transposed view SDPA users get: copying it would cost more than the small problem itself)."""
     qh, kh, vh = (to_hnd(t, tensor_layout) for t in (q, k, v))
     nq, nk = qh.shape[2], kh.shape[2]
     mask = None
@@ -51,4 +52,4 @@ def sdpa(q, k, v, tensor_layout: str, is_causal: bool, sm_scale: float) -> torch
     out = torch.nn.functional.scaled_dot_product_attention(
         qh, kh, vh, attn_mask=mask, is_causal=is_causal and mask is None, scale=sm_scale,
         enable_gqa=qh.shape[1] != kh.shape[1])
-    return out if tensor_layout == "HND" else out.transpose(1, 2).contiguous()
+    return to_hnd(out, tensor_layout)
