@@ -96,26 +96,29 @@ __device__ __forceinline__ void pv_16bit(const float (&x)[kMT][8][4], uint32_t v
       a[mt][ks][3] = pack2<T>(x[mt][2 * ks + 1][2], x[mt][2 * ks + 1][3]);
     }
   }
-  auto v_frag = [&](uint32_t (&vb)[4], int ks, int nn) {
-    const int r = ks * 16 + lane % 8 + 8 * ((lane / 8) % 2), c = 2 * nn + lane / 16;
-    ptx::ldmatrix_x4_trans(vb, v_base + swizzle<D / 8>(r, c));
+  // every MMA of the tile: mma(m tile, channel slice n, A fragment, B registers)
+  auto each_mma = [&](auto&& mma) {
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+#pragma unroll
+      for (int nn = 0; nn < D / 16; ++nn) {
+        uint32_t vb[4];
+        const int r = ks * 16 + lane % 8 + 8 * ((lane / 8) % 2), c = 2 * nn + lane / 16;
+        ptx::ldmatrix_x4_trans(vb, v_base + swizzle<D / 8>(r, c));
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          mma(mt, 2 * nn, a[mt][ks], vb[0], vb[1]);
+          mma(mt, 2 * nn + 1, a[mt][ks], vb[2], vb[3]);
+        }
+      }
+    }
   };
   if constexpr (std::is_same_v<T, half>) {
     if (accum == kAccF16Inner) {  // the tile in fp16 accumulators, then into fp32
       uint32_t oh[kMT][D / 8][2] = {};
-#pragma unroll
-      for (int ks = 0; ks < 4; ++ks) {
-#pragma unroll
-        for (int nn = 0; nn < D / 16; ++nn) {
-          uint32_t vb[4];
-          v_frag(vb, ks, nn);
-#pragma unroll
-          for (int mt = 0; mt < kMT; ++mt) {
-            ptx::mma_f16_f16acc(oh[mt][2 * nn], a[mt][ks], vb[0], vb[1]);
-            ptx::mma_f16_f16acc(oh[mt][2 * nn + 1], a[mt][ks], vb[2], vb[3]);
-          }
-        }
-      }
+      each_mma([&](int mt, int n, const uint32_t(&af)[4], uint32_t b0, uint32_t b1) {
+        ptx::mma_f16_f16acc(oh[mt][n], af, b0, b1);
+      });
       bool overflow = false;
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt)
@@ -132,19 +135,9 @@ __device__ __forceinline__ void pv_16bit(const float (&x)[kMT][8][4], uint32_t v
       }
     }
   }
-#pragma unroll
-  for (int ks = 0; ks < 4; ++ks) {
-#pragma unroll
-    for (int nn = 0; nn < D / 16; ++nn) {
-      uint32_t vb[4];
-      v_frag(vb, ks, nn);
-#pragma unroll
-      for (int mt = 0; mt < kMT; ++mt) {
-        ptx::mma_16bit<T>(o[mt][2 * nn], a[mt][ks], vb[0], vb[1]);
-        ptx::mma_16bit<T>(o[mt][2 * nn + 1], a[mt][ks], vb[2], vb[3]);
-      }
-    }
-  }
+  each_mma([&](int mt, int n, const uint32_t(&af)[4], uint32_t b0, uint32_t b1) {
+    ptx::mma_16bit<T>(o[mt][n], af, b0, b1);
+  });
 }
 
 // P·V of one 64-key tile in FP8: P = e4m3(p * 448) in the key order of prepare()'s V^T (fp8_key_slot), V^T

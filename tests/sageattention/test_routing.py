@@ -31,6 +31,14 @@ def gpu(monkeypatch):
     return make
 
 
+@pytest.fixture
+def compiled_calls(monkeypatch):
+    """The argument tuples of every compiled-kernel call, which returns q instead of running."""
+    calls = []
+    monkeypatch.setattr(core.ops, "run_compiled_attention", lambda *a: calls.append(a) or (a[0], None))
+    return calls
+
+
 def qkv(nq=256, nk=256, d=64, hq=4, hk=4):
     return make_qkv(b=1, hq=hq, hk=hk, nq=nq, nk=nk, d=d, device="cpu")
 
@@ -43,15 +51,13 @@ def test_sageattn_routes_by_arch(gpu, cap, want):
     assert sa.explain(*qkv()).startswith(want)
 
 
-def test_named_cuda_variants_take_the_compiled_kernels_where_sageattn_prefers_triton(gpu, monkeypatch):
+def test_named_cuda_variants_take_the_compiled_kernels_where_sageattn_prefers_triton(gpu, compiled_calls):
     gpu((9, 0))
-    seen = []
-    monkeypatch.setattr(core.ops, "run_compiled_attention", lambda *a: seen.append(a[6]) or (a[0], None))
     q, k, v = qkv()
     core.sageattn_qk_int8_pv_fp8_cuda(q, k, v)
     core.sageattn_qk_int8_pv_fp16_cuda(q, k, v)
     core.sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v)
-    assert seen == ["sm89", "sm80", "sm89"]
+    assert [a[6] for a in compiled_calls] == ["sm89", "sm80", "sm89"]
 
 
 @pytest.mark.parametrize("why, kwargs, shape", [
@@ -68,14 +74,12 @@ def test_a_build_without_the_family_goes_to_triton(gpu):
     assert sa.explain(*qkv()).startswith("triton: this build has no compiled FP8")
 
 
-def test_sageattn_default_granularity_follows_the_backend(gpu, monkeypatch):
+def test_sageattn_default_granularity_follows_the_backend(gpu, compiled_calls):
     gpu((8, 9))
-    grans = []
-    monkeypatch.setattr(core.ops, "run_compiled_attention", lambda *a: grans.append(a[7]) or (a[0], None))
     q, k, v = qkv()
     sa.sageattn(q, k, v)
     sa.sageattn(q, k, v, qk_quant_gran="per_block")
-    assert grans == [core.GRAN_CODE[core.SAGEATTN_GRAN_COMPILED], core.GRAN_CODE["per_block"]]
+    assert [a[7] for a in compiled_calls] == [core.GRAN_CODE[core.SAGEATTN_GRAN_COMPILED], core.GRAN_CODE["per_block"]]
 
 
 @pytest.mark.parametrize("accum, fp8, want", [
