@@ -72,11 +72,12 @@ def compiled_accum(plan: Plan) -> int:
     return ACC_F16_INNER if plan.pv_two_level else ACC_F32
 
 
-def _route(fn_name, q, cap, plan, *, b, hq, nq, nk, is_causal, masked, return_lse, compiled):
+def _route(fn_name, q, cap, plan, *, b, hq, nq, nk, is_causal, causal_offset, masked, return_lse, compiled):
     """Which kernels run a call: ("sdpa", why), ("compiled", family) or ("triton", why)."""
     d = q.shape[-1]
     if fn_name == "sageattn":
-        why = fallback.sdpa_reason(b, hq, nq, nk, d, is_causal=is_causal, masked=masked, return_lse=return_lse)
+        why = fallback.sdpa_reason(b, hq, nq, nk, d, is_causal=is_causal, causal_offset=causal_offset, masked=masked,
+                                   return_lse=return_lse)
         if why:
             return "sdpa", why
     if cap is None:
@@ -106,24 +107,28 @@ def _attention(fn_name, q, k, v, *, tensor_layout, is_causal, sm_scale, qk_quant
                         smooth_v=smooth_v)
     inputs.check_dropout(dropout_p)
     scale = inputs.resolve_sm_scale(sm_scale, q.shape[-1])
+    attn_mask, is_causal, causal_offset = inputs.causal_alignment(attn_mask, is_causal, nq, nk)
     mask = inputs.expand_mask(attn_mask, q, (b, hq, nq, nk))
+    if mask is not None and mask.requires_grad and torch.is_grad_enabled():
+        raise ValueError(f"{fn_name}: gradients with respect to attn_mask are not supported; pass attn_mask.detach()")
     dispatch.check_supported(q.device, needs_fp8=plan.pv_fp8, only=only_archs)
-    backend, detail = _route(fn_name, q, cap, plan, b=b, hq=hq, nq=nq, nk=nk, is_causal=bool(is_causal),
-                             masked=mask is not None, return_lse=bool(return_lse), compiled=compiled)
+    backend, detail = _route(fn_name, q, cap, plan, b=b, hq=hq, nq=nq, nk=nk, is_causal=is_causal,
+                             causal_offset=causal_offset, masked=mask is not None, return_lse=bool(return_lse),
+                             compiled=compiled)
     if explain:
         return backend, detail
     if not torch.compiler.is_compiling() and _log.isEnabledFor(logging.DEBUG):  # dynamo cannot trace loggers
         _log.debug("%s: %s (%s)", fn_name, backend, detail)
     if backend == "sdpa":
-        return fallback.sdpa(q, k, v, tensor_layout, bool(is_causal), scale)
+        return fallback.sdpa(q, k, v, tensor_layout, is_causal, causal_offset, scale)
     if backend == "compiled":
         if qk_quant_gran is None:
             plan = dataclasses.replace(plan, qk_quant_gran=SAGEATTN_GRAN_COMPILED)
-        out, lse = ops.run_compiled_attention(q, k, v, tensor_layout == "NHD", bool(is_causal), scale, detail,
-                                              GRAN_CODE[plan.qk_quant_gran], compiled_accum(plan), plan.smooth_k,
-                                              plan.smooth_v, bool(return_lse))
+        out, lse = ops.run_compiled_attention(q, k, v, tensor_layout == "NHD", is_causal, causal_offset, scale,
+                                              detail, GRAN_CODE[plan.qk_quant_gran], compiled_accum(plan),
+                                              plan.smooth_k, plan.smooth_v, bool(return_lse))
     else:
-        out, lse = ops.run_attention(q, k, v, mask, tensor_layout, bool(is_causal), scale, *plan.fields(),
+        out, lse = ops.run_attention(q, k, v, mask, tensor_layout, is_causal, causal_offset, scale, *plan.fields(),
                                      bool(return_lse), fn_name if compiled else "")
     return (out, lse) if return_lse else out
 
@@ -142,8 +147,11 @@ def sageattn(q, k, v, tensor_layout="HND", is_causal=False, sm_scale=None, retur
     q: [B, Hq, Nq, D] ("HND") or [B, Nq, Hq, D] ("NHD"); k, v likewise with Hk heads (Hk divides Hq).
     Keyword arguments of the named variants are forwarded (smooth_k, smooth_v, qk_quant_gran,
     pv_accum_dtype, quantization_backend); attn_mask (bool, True = attend, or additive) and
-    dropout_p=0.0 are accepted like SDPA. Returns out (q's layout and dtype), or (out, lse) with
-    lse [B, Hq, Nq] fp32 natural-log logsumexp of the scaled scores."""
+    dropout_p=0.0 are accepted like SDPA. is_causal is top-left (query i sees keys j <= i), as SDPA;
+    attn_mask=torch.nn.attention.bias.causal_lower_right(Nq, Nk) gives bottom-right (KV-cache decoding);
+    rows that see no key give 0. Returns out (q's layout and dtype), or (out, lse) with
+    lse [B, Hq, Nq] fp32 natural-log logsumexp of the scaled scores. Backward gives the gradient of exact
+    attention (sageattention/backward.py); gradients through lse raise."""
     return _sageattn(q, k, v, tensor_layout, is_causal, sm_scale, return_lse, kwargs)
 
 
@@ -209,29 +217,21 @@ def sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v, tensor_layout="HND", is_causal=Fa
                          only_archs={(9, 0)})
 
 
-def _check_cu_seqlens(name: str, cu, q) -> torch.Tensor:
-    if not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.numel() < 2:
-        raise ValueError(f"{name} must be a 1-D tensor of batch+1 cumulative lengths starting at 0")
-    if cu.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"{name} has dtype {cu.dtype}; use torch.int32")
-    if cu.device != q.device:
-        raise ValueError(f"{name} is on {cu.device} but q is on {q.device}")
-    return cu.to(torch.int32)
-
-
 def sageattn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=False,
                     sm_scale=None, smooth_k=True):
     """Packed variable-length batches: q [total_q, Hq, D], k/v [total_k, Hk, D]; sequence i spans
-    cu_seqlens[i]:cu_seqlens[i+1]. INT8 Q·K (per-block scales), 16-bit P·V. Returns out like q."""
+    cu_seqlens[i]:cu_seqlens[i+1]. INT8 Q·K (per-block scales), 16-bit P·V. Returns out like q.
+
+    cu_seqlens_q/k: int32 (or int64) [batch+1], starting at 0, non-decreasing, ending at total_q/total_k;
+    empty sequences are allowed (a sequence with queries but no keys gives 0). max_seqlen_q/k: at least the
+    longest sequence. These are checked on the host before any kernel runs: cu_seqlens on the CPU cost no
+    synchronization (they are checked there, then copied to q's device without blocking); on q's device they are
+    read back in one small copy, one synchronization per call. Under torch.compile tracing cannot read them: the
+    compiled graph's op checks them when it runs."""
     inputs.check_qkv(q, k, v, 3)
     inputs.check_heads(q.shape[1], k.shape[1])
-    cu_q = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q)
-    cu_k = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, q)
-    if cu_q.numel() != cu_k.numel():
-        raise ValueError(f"cu_seqlens_q and cu_seqlens_k describe {cu_q.numel() - 1} and {cu_k.numel() - 1} sequences")
-    for name, n in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"{name} must be a positive int, got {n!r}")
+    cu_q, cu_k = inputs.check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q,
+                                         max_seqlen_k, q.device)
     dispatch.check_supported(q.device)
     scale = inputs.resolve_sm_scale(sm_scale, q.shape[-1])
     return ops.run_attention_varlen(q, k, v, cu_q, cu_k, max_seqlen_q, bool(is_causal), scale, bool(smooth_k))

@@ -3,7 +3,8 @@
 Quantized attention pays for quantizing Q, K and V with faster matrix products; with a handful of keys (text
 cross-attention: 77) or a tiny problem there is nothing to win back, and PyTorch's kernels are exact. Only
 `sageattn` does this (the named variants always run their kernels), and only where SDPA computes the same thing:
-no LSE asked for, no attention mask, no causal mask that leaves rows without keys.
+no LSE asked for, no attention mask, no causal alignment that leaves rows without keys (SDPA gives those NaN,
+sageattn 0).
 
 `SAGEATTN_SDPA_FALLBACK=0` in the environment, or `set_sdpa_fallback(False)`, forces the quantized kernels;
 `sageattention.explain(...)` and the `sageattention` logger (DEBUG) say which path a call takes.
@@ -29,10 +30,10 @@ def set_sdpa_fallback(enabled: bool) -> None:
     _enabled = bool(enabled)
 
 
-def sdpa_reason(b: int, hq: int, nq: int, nk: int, d: int, *, is_causal: bool, masked: bool,
+def sdpa_reason(b: int, hq: int, nq: int, nk: int, d: int, *, is_causal: bool, causal_offset: int, masked: bool,
                 return_lse: bool) -> str | None:
     """Why this `sageattn` call goes to SDPA, or None when it runs the quantized kernels."""
-    if not _enabled or return_lse or masked or (is_causal and nq > nk):
+    if not _enabled or return_lse or masked or (is_causal and causal_offset < 0):
         return None
     if nk < MIN_KEYS:
         return f"{nk} keys (fewer than {MIN_KEYS}): quantizing K and V cannot pay off"
@@ -41,14 +42,14 @@ def sdpa_reason(b: int, hq: int, nq: int, nk: int, d: int, *, is_causal: bool, m
     return None
 
 
-def sdpa(q, k, v, tensor_layout: str, is_causal: bool, sm_scale: float) -> torch.Tensor:
-    """SDPA with sageattn's semantics: GQA, bottom-right causal alignment; output in q's layout (for NHD the same
-    transposed view SDPA users get: copying it would cost more than the small problem itself)."""
+def sdpa(q, k, v, tensor_layout: str, is_causal: bool, causal_offset: int, sm_scale: float) -> torch.Tensor:
+    """SDPA with sageattn's semantics: GQA, causal query i sees keys j <= i + causal_offset; output in q's layout
+    (for NHD the same transposed view SDPA users get: copying it would cost more than the small problem itself)."""
     qh, kh, vh = (to_hnd(t, tensor_layout) for t in (q, k, v))
     nq, nk = qh.shape[2], kh.shape[2]
     mask = None
-    if is_causal and nq != nk:  # bottom-right: query i sees keys j <= i + nk - nq (SDPA's is_causal is top-left)
-        mask = torch.ones(nq, nk, dtype=torch.bool, device=q.device).tril(nk - nq)
+    if is_causal and causal_offset != 0:  # SDPA's is_causal is top-left (offset 0)
+        mask = torch.ones(nq, nk, dtype=torch.bool, device=q.device).tril(causal_offset)
     out = torch.nn.functional.scaled_dot_product_attention(
         qh, kh, vh, attn_mask=mask, is_causal=is_causal and mask is None, scale=sm_scale,
         enable_gqa=qh.shape[1] != kh.shape[1])

@@ -27,14 +27,13 @@ def note_cuda_fallback(variant: str, device: torch.device, pv_fp8: bool) -> None
     )
 
 
-def compiled(q, k, v, nhd: bool, is_causal: bool, sm_scale: float, family: str, qk_gran: int, pv_accum: int,
-             smooth_k: bool, smooth_v: bool, return_lse: bool):
-    """The compiled kernels: quantization and attention in one extension call. Causal is bottom-right aligned
-    (key j visible to query i when j <= i + Nk - Nq), like the Triton path."""
-    nq, nk = q.shape[1 if nhd else 2], k.shape[1 if nhd else 2]
-    out, lse = compiled_module(family).attention(q, k, v, nhd, is_causal, nk - nq, sm_scale, qk_gran, qk_gran,
+def compiled(q, k, v, nhd: bool, is_causal: bool, causal_offset: int, sm_scale: float, family: str, qk_gran: int,
+             pv_accum: int, smooth_k: bool, smooth_v: bool, return_lse: bool):
+    """The compiled kernels: quantization and attention in one extension call. Causal: key j is visible to query i
+    when j <= i + causal_offset."""
+    out, lse = compiled_module(family).attention(q, k, v, nhd, is_causal, causal_offset, sm_scale, qk_gran, qk_gran,
                                                  pv_accum, smooth_k, smooth_v, return_lse)
-    return out, lse
+    return out, lse  # the extension returns a list; the op's schema is a tuple
 
 
 @functools.cache
@@ -60,14 +59,15 @@ def triton_pipeline(device: torch.device):
         ) from e
 
 
-def dense(q, k, v, attn_mask, tensor_layout: str, is_causal: bool, sm_scale: float, plan: Plan, return_lse: bool):
+def dense(q, k, v, attn_mask, tensor_layout: str, is_causal: bool, causal_offset: int, sm_scale: float, plan: Plan,
+          return_lse: bool):
     """Returns (out in q's layout and dtype, lse [B, H, Nq] fp32 or an empty tensor)."""
     qh, kh, vh = (to_hnd(t, tensor_layout) for t in (q, k, v))
     pipeline = triton_pipeline(q.device)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     x = pipeline.quantize(qh, kh, vh, plan)
     lse = pipeline.attend(x, plan, to_hnd(out, tensor_layout), sm_scale=sm_scale, is_causal=is_causal,
-                          mask=attn_mask, return_lse=return_lse)
+                          causal_offset=causal_offset, mask=attn_mask, return_lse=return_lse)
     if not return_lse:
         return out, q.new_empty((0,), dtype=torch.float32)
     if x.k_mean is not None:

@@ -1,30 +1,31 @@
 """torch.library registration: one custom op per entry point, with fake (meta) implementations,
-so `torch.compile(fullgraph=True)` traces through sageattention without a graph break."""
+so `torch.compile(fullgraph=True)` traces through sageattention without a graph break, and with backward
+formulas (the gradient of exact attention: sageattention/backward.py)."""
 from typing import Optional
 
 import torch
 
-from . import forward
+from . import backward, forward, inputs
 from .inputs import to_hnd
 from .plan import Plan
 
 
 def _attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Optional[torch.Tensor], tensor_layout: str,
-    is_causal: bool, sm_scale: float, qk_quant_gran: str, pv_fp8: bool, pv_two_level: bool, pv_inner_fp16: bool,
+    is_causal: bool, causal_offset: int, sm_scale: float, qk_quant_gran: str, pv_fp8: bool, pv_two_level: bool, pv_inner_fp16: bool,
     smooth_k: bool, smooth_v: bool, return_lse: bool, cuda_variant: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     forward.note_cuda_fallback(cuda_variant, q.device, pv_fp8)
     plan = Plan(qk_quant_gran, pv_fp8, pv_two_level, pv_inner_fp16, smooth_k, smooth_v)
-    return forward.dense(q, k, v, attn_mask, tensor_layout, is_causal, sm_scale, plan, return_lse)
+    return forward.dense(q, k, v, attn_mask, tensor_layout, is_causal, causal_offset, sm_scale, plan, return_lse)
 
 
 attention = torch.library.custom_op("sageattention::attention", _attention, mutates_args=())
 
 
 @attention.register_fake
-def _attention_fake(q, k, v, attn_mask, tensor_layout, is_causal, sm_scale, qk_quant_gran, pv_fp8, pv_two_level,
-                    pv_inner_fp16, smooth_k, smooth_v, return_lse, cuda_variant):
+def _attention_fake(q, k, v, attn_mask, tensor_layout, is_causal, causal_offset, sm_scale, qk_quant_gran, pv_fp8,
+                    pv_two_level, pv_inner_fp16, smooth_k, smooth_v, return_lse, cuda_variant):
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if not return_lse:
         return out, q.new_empty((0,), dtype=torch.float32)
@@ -40,7 +41,16 @@ def _attention_varlen(
     return forward.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, is_causal, sm_scale, plan)
 
 
-attention_varlen = torch.library.custom_op("sageattention::attention_varlen", _attention_varlen, mutates_args=())
+def _attention_varlen_op(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int, is_causal: bool, sm_scale: float, smooth_k: bool,
+) -> torch.Tensor:
+    # compiled graphs reach the kernel only through the op, and tracing skipped sageattn_varlen's value checks
+    inputs.check_cu_seqlens_values(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q)
+    return _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, is_causal, sm_scale, smooth_k)
+
+
+attention_varlen = torch.library.custom_op("sageattention::attention_varlen", _attention_varlen_op, mutates_args=())
 
 
 @attention_varlen.register_fake
@@ -49,11 +59,11 @@ def _attention_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, is
 
 
 def _compiled_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, nhd: bool, is_causal: bool, sm_scale: float, family: str,
-    qk_gran: int, pv_accum: int, smooth_k: bool, smooth_v: bool, return_lse: bool,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, nhd: bool, is_causal: bool, causal_offset: int,
+    sm_scale: float, family: str, qk_gran: int, pv_accum: int, smooth_k: bool, smooth_v: bool, return_lse: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return forward.compiled(q, k, v, nhd, is_causal, sm_scale, family, qk_gran, pv_accum, smooth_k, smooth_v,
-                            return_lse)
+    return forward.compiled(q, k, v, nhd, is_causal, causal_offset, sm_scale, family, qk_gran, pv_accum, smooth_k,
+                            smooth_v, return_lse)
 
 
 compiled_attention = torch.library.custom_op("sageattention::compiled_attention", _compiled_attention,
@@ -61,8 +71,8 @@ compiled_attention = torch.library.custom_op("sageattention::compiled_attention"
 
 
 @compiled_attention.register_fake
-def _compiled_attention_fake(q, k, v, nhd, is_causal, sm_scale, family, qk_gran, pv_accum, smooth_k, smooth_v,
-                             return_lse):
+def _compiled_attention_fake(q, k, v, nhd, is_causal, causal_offset, sm_scale, family, qk_gran, pv_accum, smooth_k,
+                             smooth_v, return_lse):
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # contiguous in the caller's layout, like the kernel
     if not return_lse:
         return out, q.new_empty((0,), dtype=torch.float32)
@@ -70,9 +80,45 @@ def _compiled_attention_fake(q, k, v, nhd, is_causal, sm_scale, family, qk_gran,
     return out, q.new_empty((b, h, n), dtype=torch.float32)
 
 
+def _save_inputs(ctx, inputs, output):
+    ctx.inputs = inputs
+    ctx.save_for_backward(*inputs[:3])
+
+
+def _attention_backward(ctx, grad_out, grad_lse):
+    q, k, v = ctx.saved_tensors
+    attn_mask, tensor_layout, is_causal, causal_offset, sm_scale = ctx.inputs[3:8]
+    grads = backward.dense_backward(grad_out, grad_lse, q, k, v, attn_mask, tensor_layout, is_causal, causal_offset,
+                                    sm_scale)
+    return *grads, *(None,) * (len(ctx.inputs) - 3)
+
+
+def _compiled_attention_backward(ctx, grad_out, grad_lse):
+    q, k, v = ctx.saved_tensors
+    nhd, is_causal, causal_offset, sm_scale = ctx.inputs[3:7]
+    grads = backward.dense_backward(grad_out, grad_lse, q, k, v, None, "NHD" if nhd else "HND", is_causal,
+                                    causal_offset, sm_scale)
+    return *grads, *(None,) * (len(ctx.inputs) - 3)
+
+
+def _varlen_attention_backward(ctx, grad_out):
+    q, k, v = ctx.saved_tensors
+    cu_seqlens_q, cu_seqlens_k, _, is_causal, sm_scale = ctx.inputs[3:8]
+    grads = backward.varlen_backward(grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal, sm_scale)
+    return *grads, *(None,) * (len(ctx.inputs) - 3)
+
+
+attention.register_autograd(_attention_backward, setup_context=_save_inputs)
+compiled_attention.register_autograd(_compiled_attention_backward, setup_context=_save_inputs)
+attention_varlen.register_autograd(_varlen_attention_backward, setup_context=_save_inputs)
+
+
 def call(op, impl, *args):
-    """Eager calls skip the dispatcher (it costs tens of microseconds); compiled graphs see the op."""
-    return op(*args) if torch.compiler.is_compiling() else impl(*args)
+    """Eager calls skip the dispatcher (it costs tens of microseconds) unless autograd needs the op's backward;
+    compiled graphs see the op."""
+    if torch.compiler.is_compiling() or (torch.is_grad_enabled() and any(t.requires_grad for t in args[:3])):
+        return op(*args)
+    return impl(*args)
 
 
 def run_attention(*args):

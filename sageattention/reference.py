@@ -8,12 +8,14 @@ kernel rounds it.
 
 Algorithm (SageAttention / SageAttention2):
   K smoothing   k' = k - mean_tokens(k)          (softmax is invariant to a per-row constant)
-  INT8 Q, K     x_i8 = round(x / s), s = absmax(group) / 127 per quantization group
+  INT8 Q, K     x_i8 = round(x / s), s = absmax(group) / 127 per quantization group (at least 2**-126)
   scores        S = (q_i8 @ k_i8^T) * s_q * s_k * sm_scale   (+ mask)
   softmax       P = exp(S - rowmax(S)), l = rowsum(P)
   P·V (16-bit)  O = (P in V's dtype) @ V / l
-  P·V (FP8)     V smoothing (optional) v' = v - mean_tokens(v); per-channel s_v = absmax / 448;
-                O = (fp8(P * 448) @ fp8(v' / s_v)) * s_v / 448 / l  (+ mean_tokens(v))
+  P·V (FP8)     V smoothing (optional) v' = v - mean_tokens(v); per-channel s_v = absmax / 448 (at least 2**-126);
+                O = clamp(fp8(P * 448) @ fp8(v' / s_v) / 448 / l, +-v_max) * s_v  (+ mean_tokens(v)): exact
+                attention is a weighted mean of V, within +-v_max quantized units; e4m3's rounding of P could carry
+                the quantized mean past it (inf in fp16 for |V| near 65504), the clamp only moves it toward exact
   LSE           logsumexp(S) + sm_scale * q · mean_tokens(k)   (undoes the smoothing shift)
 """
 from __future__ import annotations
@@ -26,10 +28,12 @@ from .quant_groups import Grouping, k_grouping, q_grouping
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 INT8_MAX = 127.0
+MIN_SCALE = 2.0**-126  # fp32's least normal: every quantization scale's floor (its reciprocal must stay finite)
 
 
 def _grouped_scale(x32: torch.Tensor, g: Grouping) -> torch.Tensor:
-    """Per-group scale (absmax / 127) of x32 [B, H, N, D]; NaN if the group holds NaN/Inf; 1 if all zero."""
+    """Per-group scale (absmax / 127, at least MIN_SCALE) of x32 [B, H, N, D]; NaN if the group holds NaN/Inf; 1 if
+    all zero."""
     b, h, n, d = x32.shape
     pad = (-n) % g.block
     xp = torch.nn.functional.pad(x32, (0, 0, 0, pad))
@@ -39,7 +43,7 @@ def _grouped_scale(x32: torch.Tensor, g: Grouping) -> torch.Tensor:
     gmax = row_max.view(shape).amax(dim=(4, 6))
     gbad = row_bad.view(shape).sum(dim=(4, 6))
     scale = gmax / INT8_MAX + gbad
-    scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+    scale = torch.where(scale == 0, 1.0, torch.where(scale < MIN_SCALE, MIN_SCALE, scale))
     return scale.reshape(b, h, -1)
 
 
@@ -75,20 +79,22 @@ def quantize_v_fp8(v: torch.Tensor, mean: torch.Tensor | None = None, v_max: flo
     if mean is not None:
         v32 = v32 - mean
     scale = v32.abs().amax(dim=2) / v_max
-    scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+    scale = torch.where(scale == 0, 1.0, torch.where(scale < MIN_SCALE, MIN_SCALE, scale))
     return (v32 * (1.0 / scale)[:, :, None, :]).to(torch.float8_e4m3fn), scale
 
 
 def token_mean(x: torch.Tensor) -> torch.Tensor:
-    """Mean over tokens in fp32, [B, H, 1, D]: the smoothing vector."""
-    return x.float().mean(dim=2, keepdim=True)
+    """Mean over tokens, [B, H, 1, D] fp32: the smoothing vector (computed in fp64: an fp32 sum of bf16 values can
+    overflow where their mean does not)."""
+    return x.double().mean(dim=2, keepdim=True).float()
 
 
-def causal_mask(nq: int, nk: int, device=None) -> torch.Tensor:
-    """Bottom-right aligned causal mask (True = attend): query i sees keys j <= i + nk - nq."""
+def causal_mask(nq: int, nk: int, device=None, offset: int = 0) -> torch.Tensor:
+    """Causal mask (True = attend): query i sees keys j <= i + offset (0: top-left, as SDPA's is_causal;
+    nk - nq: bottom-right)."""
     i = torch.arange(nq, device=device)[:, None]
     j = torch.arange(nk, device=device)[None, :]
-    return j <= i + (nk - nq)
+    return j <= i + offset
 
 
 def _additive(mask: torch.Tensor | None, shape, device) -> torch.Tensor:
@@ -113,7 +119,7 @@ def _repeat_kv(x: torch.Tensor, hq: int) -> torch.Tensor:
     return x.repeat_interleave(hq // x.shape[1], dim=1)
 
 
-def attention_fp64(q, k, v, *, is_causal=False, sm_scale=None, attn_mask=None):
+def attention_fp64(q, k, v, *, is_causal=False, sm_scale=None, attn_mask=None, causal_offset=0):
     """Plain attention in float64 (HND, GQA by head repetition). Returns (out fp64, lse fp64 [B, H, Nq])."""
     b, hq, nq, d = q.shape
     nk = k.shape[2]
@@ -121,14 +127,14 @@ def attention_fp64(q, k, v, *, is_causal=False, sm_scale=None, attn_mask=None):
     k64, v64 = _repeat_kv(k.double(), hq), _repeat_kv(v.double(), hq)
     s = q.double() @ k64.transpose(-1, -2) * sm_scale + _additive(attn_mask, (b, hq, nq, nk), q.device)
     if is_causal:
-        s = s.masked_fill(~causal_mask(nq, nk, q.device), -math.inf)
+        s = s.masked_fill(~causal_mask(nq, nk, q.device, causal_offset), -math.inf)
     p, m, l = _softmax_parts(s)
     out = torch.where(l == 0, torch.zeros((), dtype=torch.float64), (p @ v64) / l)  # NaN stays NaN
     return out, (m + torch.log(l)).squeeze(-1)
 
 
 def sage_attention_reference(
-    q, k, v, *, is_causal=False, sm_scale=None, qk_quant_gran="per_thread", pv_dtype="fp16",
+    q, k, v, *, is_causal=False, causal_offset=0, sm_scale=None, qk_quant_gran="per_thread", pv_dtype="fp16",
     smooth_k=True, smooth_v=False, attn_mask=None, p_scale=FP8_MAX, v_max=FP8_MAX, compiled=False,
 ):
     """The quantized algorithm on HND tensors. Returns (out in q's dtype, lse fp32 [B, H, Nq]).
@@ -149,13 +155,14 @@ def sage_attention_reference(
     s = q_deq @ _repeat_kv(k_deq, hq).transpose(-1, -2) * sm_scale
     s = s + _additive(attn_mask, (b, hq, nq, nk), q.device)
     if is_causal:
-        s = s.masked_fill(~causal_mask(nq, nk, q.device), -math.inf)
+        s = s.masked_fill(~causal_mask(nq, nk, q.device, causal_offset), -math.inf)
     p, m, l = _softmax_parts(s)
     if pv_dtype == "fp8":
         vm = token_mean(v) if smooth_v else None
         v_q, v_s = quantize_v_fp8(v, vm, v_max)
         p_q = (p * p_scale).to(torch.float8_e4m3fn).double() / p_scale
-        pv = p_q @ _repeat_kv(v_q.double() * v_s[:, :, None, :].double(), hq)
+        o_q = (p_q @ _repeat_kv(v_q.double(), hq) / l).clamp(-v_max, v_max)  # NaN stays NaN
+        pv = o_q * l * _repeat_kv(v_s[:, :, None, :].double(), hq)
         if vm is not None:
             pv = pv + l * _repeat_kv(vm.double(), hq)
     elif pv_dtype == "fp16":

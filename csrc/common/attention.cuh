@@ -60,6 +60,11 @@ __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
+// x clamped to [-bound, bound]; NaN stays NaN
+__device__ __forceinline__ float clamp_keep_nan(float x, float bound) {
+  return fabsf(x) > bound ? copysignf(bound, x) : x;
+}
+
 template <typename T>
 __device__ __forceinline__ void store2(T* dst, float a, float b, bool both) {
   if (both) *reinterpret_cast<uint32_t*>(dst) = pack2<T>(a, b);
@@ -387,12 +392,17 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(const AttentionP
         for (int n = 0; n < D / 8; ++n) {
           const int c = n * 8 + 2 * t;
           if (c >= p.d) continue;
-          float f0 = inv, f1 = inv, add0 = 0.f, add1 = 0.f;
+          float y0 = o[mt][n][2 * i] * inv, y1 = o[mt][n][2 * i + 1] * inv, add0 = 0.f, add1 = 0.f;
           if constexpr (kFp8) {
-            f0 *= p.v_scale[k_head * D + c] / kPScale, f1 *= p.v_scale[k_head * D + c + 1] / kPScale;
+            // Exact attention is a weighted mean of V, so |out| <= v_max quantized units per channel; e4m3's rounding
+            // of P (up to 1/16) can carry the quantized mean past that, to inf in fp16 for |V| near 65504. Clamping to
+            // the bound only moves it toward the exact value.
+            const float bound = p.v_max * kPScale;
+            y0 = clamp_keep_nan(y0, bound) * (p.v_scale[k_head * D + c] / kPScale);
+            y1 = clamp_keep_nan(y1, bound) * (p.v_scale[k_head * D + c + 1] / kPScale);
           }
           if (p.v_mean != nullptr && sum > 0.f) add0 = p.v_mean[k_head * D + c], add1 = p.v_mean[k_head * D + c + 1];
-          store2<T>(out + row * p.o_sn + c, o[mt][n][2 * i] * f0 + add0, o[mt][n][2 * i + 1] * f1 + add1, c + 1 < p.d);
+          store2<T>(out + row * p.o_sn + c, y0 + add0, y1 + add1, c + 1 < p.d);
         }
         if (p.lse != nullptr && t == 0)
           p.lse[q_head * p.nq + row] = sum > 0.f ? (m[mt][i] + __log2f(sum)) * kLn2 : -INFINITY;

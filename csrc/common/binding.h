@@ -154,7 +154,7 @@ std::vector<torch::Tensor> attention(const torch::Tensor& q, const torch::Tensor
   a.q_i8 = p.q_i8, a.q_scale = p.q_scale, a.k_i8 = p.k_i8, a.k_scale = p.k_scale;
   if (v_mode == sage::kVNone) a.v = strided(x.v);
   else a.v = {p.v_out, x.hk * p.nk_pad * d_pad, p.nk_pad * d_pad, d_pad};  // (fp8 V^T: only .ptr is read)
-  a.v_scale = p.v_scale, a.v_mean = p.v_mean;
+  a.v_scale = p.v_scale, a.v_max = v_max, a.v_mean = p.v_mean;
   a.out = out_hnd.data_ptr(), a.o_sb = out_hnd.stride(0), a.o_sh = out_hnd.stride(1), a.o_sn = out_hnd.stride(2);
   a.lse = return_lse ? lse.data_ptr<float>() : nullptr;
   a.batch = p.batch, a.hq = p.hq, a.hk = p.hk, a.nq = p.nq, a.nk = p.nk, a.d = p.d;

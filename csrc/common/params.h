@@ -57,6 +57,7 @@ struct AttentionParams {
   const float* k_scale;
   Strided v;            // 16-bit V rows (caller's or v_16), or v_fp8 (contiguous [B, Hk, d_pad, nk_pad])
   const float* v_scale; // FP8 P·V only
+  float v_max;          // FP8 P·V: |quantized V| <= v_max (V = quantized V * v_scale)
   const float* v_mean;  // nullptr unless smooth_v
   void* out;            // [B, Hq, nq, d] with strides below (the caller's layout)
   int64_t o_sb, o_sh, o_sn;

@@ -15,6 +15,9 @@
 namespace sage {
 
 constexpr int kPrepThreads = 256;
+// fp32's least normal: the floor of every quantization scale, whose reciprocal (2^126) must stay finite; a smaller
+// scale (|x| all below 127 * 2^-126 or v_fp8_max * 2^-126: bf16 only) would make x * (1 / scale) inf.
+constexpr float kMinScale = 1.17549435e-38f;
 
 template <typename T>
 __device__ __forceinline__ float to_float(T x);
@@ -119,7 +122,7 @@ __device__ void quantize_block(const Strided& x, int b, int h, int row0, int n_r
       }
     }
     float s = gmax / 127.f + gbad;
-    s = s == 0.f ? 1.f : s;
+    s = s == 0.f ? 1.f : s < kMinScale ? kMinScale : s;  // NaN stays NaN
     row_scale[t] = s;
     scale_out[row0 + t] = s;
   }
@@ -160,7 +163,8 @@ __device__ void reduce_channels(float (*red)[8], const float (&x)[8], float* dst
   }
 }
 
-// Per-chunk statistics of head (b, hk): sums of K, max/min/sums of V over tokens [n0, n0 + len), per channel.
+// Per-chunk statistics of head (b, hk): sums of K / nk, max/min/sums of V / nk over tokens [n0, n0 + len), per
+// channel (the means' terms: the sum of bf16 K or V itself can overflow fp32 where the mean does not).
 template <typename T, int DPAD>
 __device__ void kv_statistics(const PrepareParams& p, int b, int hk, int chunk_idx) {
   constexpr int C = DPAD / 8, kRowsPerPass = kPrepThreads / C;
@@ -173,16 +177,18 @@ __device__ void kv_statistics(const PrepareParams& p, int b, int hk, int chunk_i
   const int n0 = chunk_idx * p.chunk_len, n1 = min(n0 + p.chunk_len, p.nk);
   const bool kvec = vectorizable(p.k);
   const bool vvec = vectorizable(p.v);
+  const float inv_n = 1.f / p.nk;
   for (int n = n0 + t / C; n < n1; n += kRowsPerPass) {
     if (p.smooth_k) {
       load8<T>(p.k, b, hk, n, p.nk, chunk * 8, p.d, kvec, x);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) ks[e] += x[e];
+      for (int e = 0; e < 8; ++e) ks[e] += x[e] * inv_n;
     }
     if (need_v) {
       load8<T>(p.v, b, hk, n, p.nk, chunk * 8, p.d, vvec, x);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) vmax[e] = fmaxf(vmax[e], x[e]), vmin[e] = fminf(vmin[e], x[e]), vs[e] += x[e];
+      for (int e = 0; e < 8; ++e)
+        vmax[e] = fmaxf(vmax[e], x[e]), vmin[e] = fminf(vmin[e], x[e]), vs[e] += x[e] * inv_n;
     }
   }
   float* dst = p.partials + ((static_cast<int64_t>(b) * p.hk + hk) * p.n_chunks + chunk_idx) * 4 * DPAD;
@@ -203,12 +209,13 @@ __device__ void head_statistics(const PrepareParams& p, int b, int hk, float* k_
     const float* s = src + i * 4 * DPAD;
     ks += s[c], vmax = fmaxf(vmax, s[DPAD + c]), vmin = fminf(vmin, s[2 * DPAD + c]), vs += s[3 * DPAD + c];
   }
-  k_mean[c] = p.smooth_k ? ks / p.nk : 0.f;
-  const float vm = p.smooth_v ? vs / p.nk : 0.f;
+  k_mean[c] = p.smooth_k ? ks : 0.f;
+  const float vm = p.smooth_v ? vs : 0.f;
   v_mean[c] = vm;
   // max |v - mean| over tokens from the extremes (rounding is monotonic, so this equals the max of the rounded values)
   float s = fmaxf(vmax - vm, vm - vmin) / p.v_fp8_max;
-  s = (c >= p.d || !(s > 0.f)) ? 1.f : s;  // empty or all-equal channels: 1, like the reference
+  // empty or all-equal channels: 1, like the reference
+  s = (c >= p.d || !(s > 0.f)) ? 1.f : s < kMinScale ? kMinScale : s;
   v_scale[c] = s;
 }
 

@@ -64,8 +64,8 @@ def _pv(acc, alpha, p_lo, v, PV_TWO_LEVEL: tl.constexpr, PV_INNER_FP16: tl.const
 
 @triton.jit
 def _attn_block(
-    acc0, acc1, l_i, m_i, e_i, bad, q, q_scale, K, k_row0, KS_base, V, v_off, stride_vn, stride_vd, bb, hk, kv_bh,
-    M_base, stride_mm, stride_mn, offs_m, offs_d, start_n, k_off, nq, nk, causal_offset, redo_above,
+    acc0, acc1, l_i, m_i, e_i, bad, q, q_scale, K, k_row0, KS_base, V, v_off, stride_vn, stride_vd, bb, hk,
+    kv_bh, M_base, stride_mm, stride_mn, offs_m, offs_d, start_n, k_off, nq, nk, causal_offset, redo_above,
     D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
     IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, PV_FP8: tl.constexpr, PV_TWO_LEVEL: tl.constexpr,
     PV_INNER_FP16: tl.constexpr, EXACT_ROUND: tl.constexpr, LOG2_P_SCALE: tl.constexpr, K_SCALAR: tl.constexpr,
@@ -83,6 +83,11 @@ def _attn_block(
     f = (qk + 0x4B400000).to(tl.float32, bitcast=True)
     if K_SCALAR:  # one K scale for the whole tile: dequantize with one FMA and per-row factors
         c = q_scale * tl.load(KS_base + k_off + start_n)
+        if ONE_FMA:
+            # The max is taken on the raw f below, which needs c > 0: `attention` folds sm_scale's sign into q, and a
+            # c that underflowed (tiny |q|, |k| or sm_scale) rises to fp32's least normal, where exp2 still sees every
+            # score as 0 (|x| * c < 2**-104) but a masked -inf stays -inf (-inf * 0 is NaN).
+            c = tl.maximum(c, 1.1754943508222875e-38, propagate_nan=tl.PropagateNan.ALL)
         # c cut to 22 significant bits (a relative change under 2**-21) makes h = 1.5 * 2**23 * c exact, so the FMA
         # rounds only its small result; a rounded product would shift each tile's scores by up to c / 2.
         c = (c.to(tl.int32, bitcast=True) & -4).to(tl.float32, bitcast=True)
@@ -90,7 +95,9 @@ def _attn_block(
         if ONE_FMA:  # keep the raw f: the max is taken on it (c > 0) and exp2 gets f * c - (h + e) in one FMA
             s = f
         else:
-            s = f * c[:, None] - h[:, None]
+            # f - 1.5 * 2**23 is x exactly, so this rounds once, as the FMA f * c - h would, but needs no h, which
+            # overflows fp32 for c > 2**103 (bf16 |q|, |k| ~1e17, or a huge sm_scale)
+            s = (f - 12582912.0) * c[:, None]
     else:
         k_scale = tl.load(KS_base + k_off + offs_n, mask=in_n, other=0.0)
         s = (f - 12582912.0) * (q_scale[:, None] * k_scale[None, :])
@@ -113,14 +120,22 @@ def _attn_block(
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # fully masked so far: keep p = 0, not NaN
     # p = P_SCALE * exp2(s - m): the stretch of P to e4m3's range rides in the exponent offset e.
     e_new = m_use - LOG2_P_SCALE
+    if LOG2_P_SCALE != 0.0:
+        # P's peak exp2(m - e) must stay <= 448 (e4m3 saturates there; its rounding takes P up to 464 to 448). Where
+        # m's ulp is coarse (|m| >= 2**20) the subtraction can round e down past that: step e up one ulp, toward m.
+        # (m - e is exact there; finer ulps round by far less than the margin 8.85 - log2(448).)
+        up = tl.where(e_new > 0.0, 1, -1)
+        e_new = tl.where(m_use - e_new > 8.85, (e_new.to(tl.int32, bitcast=True) + up).to(tl.float32, bitcast=True),
+                         e_new)
     if ONE_FMA:
         # b = h + e rounds to b's grid (about c apart), so the offset really used is b - h (exact: b and h are
         # within a factor 2 once h is large). Where rounding went down, P would pass 448: step b up one ulp.
         b = h + e_new
         b = tl.where((b - h < e_new) & (b > 0.0), (b.to(tl.int32, bitcast=True) + 1).to(tl.float32, bitcast=True), b)
         e_new = b - h
-        # Where b's grid is too coarse, P's peak could drop binades below 448: REDO_ABOVE says where.
-        bad = bad | (b >= redo_above)
+        # Where b's grid is too coarse, P's peak could drop binades below 448: REDO_ABOVE says where. b is inf or NaN
+        # where h overflowed (c > 2**103): the two-step exponent does without h.
+        bad = bad | ~(b < redo_above)
         p = tl.math.exp2(s * c[:, None] - b[:, None])
     else:
         p = tl.math.exp2(s - e_new[:, None])
@@ -161,14 +176,14 @@ def _key_loops(
     acc1 = tl.zeros([BLOCK_M, DH], dtype=tl.float32)  # and [DH, D_PAD)
     for start_n in range(0, full, BLOCK_N):
         acc0, acc1, l_i, m_i, e_i, bad = _attn_block(
-            acc0, acc1, l_i, m_i, e_i, bad, q, q_scale, K, k_row0, KS_base, V, v_off, stride_vn, stride_vd, bb, hk,
-            kv_bh, M_base, stride_mm, stride_mn, offs_m, offs_d, start_n, k_off, nq, nk, causal_offset, redo_above,
+            acc0, acc1, l_i, m_i, e_i, bad, q, q_scale, K, k_row0, KS_base, V, v_off, stride_vn, stride_vd, bb,
+            hk, kv_bh, M_base, stride_mm, stride_mn, offs_m, offs_d, start_n, k_off, nq, nk, causal_offset, redo_above,
             D, D_PAD, BLOCK_N, False, IS_CAUSAL, MASK_KIND, PV_FP8, PV_TWO_LEVEL, PV_INNER_FP16, EXACT_ROUND,
             LOG2_P_SCALE, K_SCALAR, ONE_FMA, TMA)
     for start_n in range(full, hi, BLOCK_N):
         acc0, acc1, l_i, m_i, e_i, bad = _attn_block(
-            acc0, acc1, l_i, m_i, e_i, bad, q, q_scale, K, k_row0, KS_base, V, v_off, stride_vn, stride_vd, bb, hk,
-            kv_bh, M_base, stride_mm, stride_mn, offs_m, offs_d, start_n, k_off, nq, nk, causal_offset, redo_above,
+            acc0, acc1, l_i, m_i, e_i, bad, q, q_scale, K, k_row0, KS_base, V, v_off, stride_vn, stride_vd, bb,
+            hk, kv_bh, M_base, stride_mm, stride_mn, offs_m, offs_d, start_n, k_off, nq, nk, causal_offset, redo_above,
             D, D_PAD, BLOCK_N, True, IS_CAUSAL, MASK_KIND, PV_FP8, PV_TWO_LEVEL, PV_INNER_FP16, EXACT_ROUND,
             LOG2_P_SCALE, K_SCALAR, ONE_FMA, TMA)
     return acc0, acc1, l_i, e_i, bad
@@ -182,6 +197,11 @@ def _store_half(acc, l_i, VS, VM, O_rows, vs_off, in_m, HALF: tl.constexpr, D: t
     in_d = offs_d < D
     out = tl.where(l_i[:, None] == 0.0, 0.0, acc / l_i[:, None])
     if PV_FP8:
+        # Exact attention is a weighted mean of V, so |out| <= max|V| = 448 V scales per channel; e4m3's rounding of P
+        # (up to 1/16) can carry the quantized mean past that, to inf in fp16 for |V| near 65504. Clamping to the
+        # bound only moves it toward the exact value. (NaN stays NaN.)
+        out = tl.minimum(tl.maximum(out, -448.0, propagate_nan=tl.PropagateNan.ALL), 448.0,
+                         propagate_nan=tl.PropagateNan.ALL)
         out = out * tl.load(VS + vs_off + offs_d, mask=in_d, other=0.0)[None, :]
     if HAS_VM:  # V smoothing: softmax rows sum to 1, so the subtracted mean comes back as a constant
         vm = tl.load(VM + vs_off + offs_d, mask=in_d, other=0.0)
@@ -230,7 +250,7 @@ def _attn_fwd(
     Q, QS, K, KS, V, stride_vb, stride_vh, stride_vn, stride_vd, VS, VM,
     M, stride_mb, stride_mh, stride_mm, stride_mn,
     O, stride_ob, stride_oh, stride_on, LSE, redo_above,
-    CU_Q, CU_K, nq_all, nk_all, kv_group, sm_scale_log2,
+    CU_Q, CU_K, nq_all, nk_all, kv_group, sm_scale_log2, causal_offset,
     N_BUCKET, H: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
     IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, PV_FP8: tl.constexpr,
     PV_TWO_LEVEL: tl.constexpr, PV_INNER_FP16: tl.constexpr, HAS_VM: tl.constexpr,
@@ -268,8 +288,7 @@ def _attn_fwd(
     v_off = bb * stride_vb + hk * stride_vh + k_off * stride_vn
     M_base = M + b * stride_mb + h * stride_mh
 
-    causal_offset = nk - nq  # bottom-right alignment
-    if IS_CAUSAL:
+    if IS_CAUSAL:  # query i sees keys j <= i + causal_offset
         hi = tl.minimum(tl.maximum((start_m + 1) * BLOCK_M + causal_offset, 0), nk)
         full = tl.minimum(tl.maximum(start_m * BLOCK_M + causal_offset + 1, 0), hi)
     else:
@@ -327,12 +346,14 @@ def _use_tma(device: torch.device) -> bool:
 
 def attention(
     q_i8, q_scale, k_i8, k_scale, v, *, v_scale=None, v_mean=None,
-    out_layout_view, sm_scale: float, is_causal: bool, mask=None, pv_two_level: bool, pv_inner_fp16: bool,
+    out_layout_view, sm_scale: float, is_causal: bool, causal_offset: int = 0, mask=None, pv_two_level: bool, pv_inner_fp16: bool,
     return_lse: bool, k_scalar: bool, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
 ):
     """Run the kernel. q_i8 [B, H, Nq, D] / k_i8 [B, HK, Nk, D] int8 contiguous with per-token scales;
     v: 16-bit [B, HK, Nk, D] (any strides, last dim contiguous) or FP8 V^T [B, HK, D, N_PAD] (v_scale set).
     out_layout_view: the output tensor viewed as [B, H, N, D] (last dim contiguous), written in place.
+    is_causal: query i sees keys j <= i + causal_offset (0: top-left, as SDPA; Nk - Nq: bottom-right); rows that
+    see no key give 0 (LSE -inf). Packed varlen batches take 0 (per sequence).
     mask: None, bool or additive tensor already expanded to [B, H, Nq, Nk].
     k_scalar: K scales are constant over runs of K_BLOCK keys (per-block/per-warp), so each key tile of at most
     K_BLOCK keys has one scale (not so for packed varlen batches, whose tiles start anywhere).
@@ -344,6 +365,10 @@ def attention(
     Returns lse [B, H, Nq] or None."""
     b, h, nq_all, d = q_i8.shape
     hk, nk_all = k_i8.shape[1], k_i8.shape[2]
+    if sm_scale < 0:
+        # q·k * scale = (-q)·k * |scale|: with the sign in q (|q_i8| <= 127), the dequantization factors stay >= 0, as
+        # the one-FMA exponent needs (it takes each row's max on the raw INT8 products). In the kernel it cost 5 %.
+        q_i8, sm_scale = -q_i8, -sm_scale
     pv_fp8 = v_scale is not None
     if pv_fp8:  # V^T: tokens are the last (contiguous) axis
         sv = (v.stride(0), v.stride(1), 1, v.stride(2))
@@ -376,7 +401,7 @@ def attention(
         v_scale if pv_fp8 else dummy, v_mean if v_mean is not None else dummy,
         m, *ms, o, o.stride(0), o.stride(1), o.stride(2), lse if return_lse else dummy, REDO_ABOVE,
         cu_seqlens_q if varlen else dummy, cu_seqlens_k if varlen else dummy,
-        nq_all, nk_all, h // hk, sm_scale * LOG2E, n_bucket,
+        nq_all, nk_all, h // hk, sm_scale * LOG2E, causal_offset, n_bucket,
     )
     consts = dict(
         H=h, HK=hk, D=d, D_PAD=max(32, next_pow2(d)), IS_CAUSAL=is_causal, MASK_KIND=mask_kind, PV_FP8=pv_fp8,

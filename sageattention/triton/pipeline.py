@@ -42,12 +42,13 @@ def quantize(q, k, v, plan: Plan, seg_k: torch.Tensor | None = None, n_seg: int 
     return Quantized(q_job.out, q_job.scale, k_job.out, k_job.scale, v, v_scale, v_mean, k_mean)
 
 
-def attend(x: Quantized, plan: Plan, out_view, *, sm_scale, is_causal, mask=None, return_lse=False,
-           cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None):
+def attend(x: Quantized, plan: Plan, out_view, *, sm_scale, is_causal, causal_offset=0, mask=None,
+           return_lse=False, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None):
     return attn_kernel.attention(
         x.q_i8, x.q_scale, x.k_i8, x.k_scale, x.v,
         v_scale=x.v_scale, v_mean=x.v_mean, out_layout_view=out_view, sm_scale=sm_scale, is_causal=is_causal,
-        mask=mask, pv_two_level=plan.pv_two_level, pv_inner_fp16=plan.pv_inner_fp16, return_lse=return_lse,
+        causal_offset=causal_offset, mask=mask, pv_two_level=plan.pv_two_level, pv_inner_fp16=plan.pv_inner_fp16,
+        return_lse=return_lse,
         k_scalar=k_grouping(plan.qk_quant_gran).groups_per_block == 1,
         cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
     )

@@ -24,6 +24,9 @@ NUM_WARPS = 4
 STATS_CHUNK = 512  # tokens per program of the statistics job, read STATS_ROWS at a time
 STATS_ROWS = 32
 V_BLOCK = 128  # tokens per program of the FP8 V job
+# fp32's least normal: the floor of every quantization scale, whose reciprocal (2**126) must stay finite; a smaller
+# scale (all |x| below 127 * 2**-126 or 448 * 2**-126, bf16 only) would make x * (1 / scale) inf.
+MIN_SCALE = tl.constexpr(1.1754943508222875e-38)
 
 
 @triton.jit
@@ -41,7 +44,7 @@ def int8_tile(x, G1: tl.constexpr, R1: tl.constexpr, G2: tl.constexpr, R2: tl.co
     gmax = tl.max(tl.max(row_max, axis=3), axis=1)
     gbad = tl.sum(tl.sum(row_bad, axis=3), axis=1)
     scale = tl.math.div_rn(gmax, 127.0) + gbad  # IEEE division, as the reference (a plain / is approximate on GPUs)
-    scale = tl.where(scale == 0.0, 1.0, scale)  # [G1, G2]
+    scale = tl.where(scale == 0.0, 1.0, tl.where(scale < MIN_SCALE, MIN_SCALE, scale))  # [G1, G2]; NaN stays NaN
     tok_scale = tl.reshape(tl.broadcast_to(tl.reshape(scale, (G1, 1, G2, 1)), (G1, R1, G2, R2)), (BLOCK,))
     # One IEEE division per group, then a multiply per element: same values as the reference, less ALU work.
     inv = tl.reshape(tl.broadcast_to(tl.reshape(tl.math.div_rn(1.0, scale), (G1, 1, G2, 1)), (G1, R1, G2, R2)), (BLOCK,))
@@ -84,8 +87,9 @@ def _stats_chunk(
     h, b, D: tl.constexpr, D_PAD: tl.constexpr, CHUNK: tl.constexpr, ROWS: tl.constexpr,
     DO_K: tl.constexpr, DO_V: tl.constexpr, HAS_VMEAN: tl.constexpr,
 ):
-    """One read of a CHUNK of tokens of K and V, ROWS at a time: partial per-channel sums of K (for its mean)
-    and partial per-channel absmax of v - mean (for the FP8 V scales), into KSUM / VMAX [B, H, n_chunk, D]."""
+    """One read of a CHUNK of tokens of K and V, ROWS at a time: partial per-channel sums of K / N (for its mean:
+    the sum of K itself can overflow fp32 where the mean does not) and partial per-channel absmax of v - mean (for
+    the FP8 V scales), into KSUM / VMAX [B, H, n_chunk, D]."""
     offs_d = tl.arange(0, D_PAD)
     k_acc = tl.zeros([ROWS, D_PAD], dtype=tl.float32)
     v_acc = tl.zeros([ROWS, D_PAD], dtype=tl.float32)
@@ -94,7 +98,7 @@ def _stats_chunk(
     for start in range(pid_n * CHUNK, tl.minimum(pid_n * CHUNK + CHUNK, N), ROWS):
         offs_n = start + tl.arange(0, ROWS)
         if DO_K:
-            k_acc += _load_tile(K + b * stride_kb + h * stride_kh, stride_kn, offs_n, offs_d, N, D)
+            k_acc += _load_tile(K + b * stride_kb + h * stride_kh, stride_kn, offs_n, offs_d, N, D) * (1.0 / N)
         if DO_V:
             v = _load_tile(V + b * stride_vb + h * stride_vh, stride_vn, offs_n, offs_d, N, D)
             if HAS_VMEAN:
@@ -113,14 +117,16 @@ def _v_fp8_block(
     D: tl.constexpr, D_PAD: tl.constexpr, BLOCK: tl.constexpr, HAS_VMEAN: tl.constexpr, EXACT_ROUND: tl.constexpr,
 ):
     """VOUT [B, H, D, N_PAD] fp8 = (v - mean) * (1 / scale), transposed so tokens (the PV reduction) are contiguous;
-    scale = absmax / 448 per channel (1 for an all-zero channel), also written to VSCALE by the first block."""
+    scale = absmax / 448 per channel (1 for an all-zero channel; at least MIN_SCALE), also written to VSCALE by the
+    first block."""
     offs_n = pid_n * BLOCK + tl.arange(0, BLOCK)
     offs_d = tl.arange(0, D_PAD)
     v = _load_tile(V + b * stride_vb + h * stride_vh, stride_vn, offs_n, offs_d, N, D)
     if HAS_VMEAN:
         v = v - tl.load(VMEAN + (b * H + h) * D + offs_d, mask=offs_d < D, other=0.0)[None, :]
     amax = tl.load(AMAX + (b * H + h) * D + offs_d, mask=offs_d < D, other=0.0)
-    scale = tl.where(amax == 0.0, 1.0, tl.math.div_rn(amax, 448.0))
+    scale = tl.math.div_rn(amax, 448.0)
+    scale = tl.where(amax == 0.0, 1.0, tl.where(scale < MIN_SCALE, MIN_SCALE, scale))  # NaN stays NaN
     if pid_n == 0:
         tl.store(VSCALE + (b * H + h) * D + offs_d, scale, mask=offs_d < D)
     y = to_e4m3(v * tl.math.div_rn(1.0, scale)[None, :], EXACT_ROUND)
@@ -155,9 +161,9 @@ def _quant_kernel(
 
 
 @triton.jit
-def _stats_finalize_kernel(KSUM, VMAX, KMEAN, VAMAX, NPART, N, H, D: tl.constexpr, D_PAD: tl.constexpr,
+def _stats_finalize_kernel(KSUM, VMAX, KMEAN, VAMAX, NPART, H, D: tl.constexpr, D_PAD: tl.constexpr,
                            PARTS: tl.constexpr, DO_K: tl.constexpr, DO_V: tl.constexpr):
-    """Reduce the per-chunk partials of one head: KMEAN = sum / N, VAMAX = max."""
+    """Reduce the per-chunk partials of one head: KMEAN = sum (of K / N), VAMAX = max."""
     h, b = tl.program_id(0), tl.program_id(1)
     offs_d = tl.arange(0, D_PAD)
     k_acc = tl.zeros([PARTS, D_PAD], dtype=tl.float32)
@@ -171,7 +177,7 @@ def _stats_finalize_kernel(KSUM, VMAX, KMEAN, VAMAX, NPART, N, H, D: tl.constexp
         if DO_V:
             v_acc = tl.maximum(v_acc, tl.load(VMAX + ptrs, mask=valid, other=0.0))
     if DO_K:
-        tl.store(KMEAN + (b * H + h) * D + offs_d, tl.sum(k_acc, axis=0) / N, mask=offs_d < D)
+        tl.store(KMEAN + (b * H + h) * D + offs_d, tl.sum(k_acc, axis=0), mask=offs_d < D)
     if DO_V:
         tl.store(VAMAX + (b * H + h) * D + offs_d, tl.max(v_acc, axis=0), mask=offs_d < D)
 
@@ -251,7 +257,7 @@ class KVJob:
         """(k token mean fp32 [B, HK, 1, D] or None, v absmax fp32 [B, HK, D] or None) from the partials."""
         stats = torch.empty((2, self.b, self.h, self.d), dtype=torch.float32, device=self.parts.device)
         _stats_finalize_kernel[(self.h, self.b)](
-            self.parts[0], self.parts[1], stats[0], stats[1], self.programs, self.n, self.h, D=self.d,
+            self.parts[0], self.parts[1], stats[0], stats[1], self.programs, self.h, D=self.d,
             D_PAD=_d_pad(self.d), PARTS=min(16, next_pow2(self.programs)), DO_K=self.k is not None,
             DO_V=self.v is not None, num_warps=4,
         )

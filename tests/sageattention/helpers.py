@@ -118,8 +118,9 @@ def fp64_out(q, k, v, layout="HND", **kw):
     return to_hnd(out, layout), lse
 
 
-def sdpa_fp32(q, k, v, layout="HND", *, is_causal=False, attn_mask=None, sm_scale=None):
-    """fp32 SDPA on .float() inputs with an explicit bottom-right causal mask; returns (out fp32 layout, lse)."""
+def sdpa_fp32(q, k, v, layout="HND", *, is_causal=False, attn_mask=None, sm_scale=None, causal_offset=0):
+    """fp32 SDPA on .float() inputs with an explicit causal mask (query i sees keys j <= i + causal_offset);
+    returns (out fp32 layout, lse)."""
     qh, kh, vh = (to_hnd(t, layout).float() for t in (q, k, v))
     nq, nk = qh.shape[2], kh.shape[2]
     rep = qh.shape[1] // kh.shape[1]
@@ -129,7 +130,7 @@ def sdpa_fp32(q, k, v, layout="HND", *, is_causal=False, attn_mask=None, sm_scal
         bias = bias + (attn_mask.float() if attn_mask.dtype != torch.bool
                        else torch.zeros_like(attn_mask, dtype=torch.float32).masked_fill(~attn_mask, float("-inf")))
     if is_causal:
-        bias = bias.masked_fill(~reference.causal_mask(nq, nk, qh.device), float("-inf"))
+        bias = bias.masked_fill(~reference.causal_mask(nq, nk, qh.device, causal_offset), float("-inf"))
     scale = qh.shape[-1] ** -0.5 if sm_scale is None else sm_scale
     out = torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, attn_mask=bias, scale=scale)
     lse = torch.logsumexp(qh @ kh.transpose(-1, -2) * scale + bias, dim=-1)

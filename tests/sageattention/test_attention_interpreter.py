@@ -3,6 +3,7 @@ import math
 
 import pytest
 import torch
+from torch.nn.attention.bias import causal_lower_right, causal_upper_left
 
 import sageattention as sa
 from sageattention import reference
@@ -40,15 +41,38 @@ def test_short_and_mqa(nq, nk, is_causal):
     check_variant_vs_reference(SAGEATTN, q, k, v, "NHD", is_causal=is_causal)
 
 
-@pytest.mark.parametrize("nq,nk", [(40, 100), (100, 40)])
-def test_causal_unequal_lengths_vs_sdpa_explicit_mask(nq, nk):
+@pytest.mark.parametrize("var", [SAGEATTN, FP16_CUDA], ids=lambda v: v.name)
+@pytest.mark.parametrize("nq,nk", [(16, 64), (40, 100), (100, 40)])
+def test_is_causal_is_top_left_like_sdpa(var, nq, nk):
+    """is_causal=True means what it means for scaled_dot_product_attention (top-left) at any Nq, Nk."""
     q, k, v = make_qkv(hq=2, nq=nq, nk=nk, d=64, seed=nq + nk)
-    out, lse = FP16_CUDA(q, k, v, is_causal=True, return_lse=True)
-    mask = reference.causal_mask(nq, nk)
-    sdpa = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask)
-    seen = mask.any(dim=1)  # rows with at least one key (SDPA gives NaN for the others)
-    assert_close(out[:, :, seen], sdpa[:, :, seen], cos=TOL["fp16"]["cos"], rel_l1=TOL["fp16"]["l1"])
-    assert (out[:, :, ~seen] == 0).all() and torch.isneginf(lse[:, :, ~seen]).all()
+    out = var(q, k, v, is_causal=True)[0]
+    sdpa = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
+    assert_close(out.float(), sdpa, cos=TOL[var.pv]["cos"], rel_l1=TOL[var.pv]["l1"])
+
+
+@pytest.mark.parametrize("var", [SAGEATTN, variant("fp16_triton")], ids=lambda v: v.name)
+@pytest.mark.parametrize("nq,nk", [(40, 100), (100, 40)])
+@pytest.mark.parametrize("bias", [causal_lower_right, causal_upper_left], ids=lambda f: f.__name__)
+def test_causal_mask_objects(var, nq, nk, bias):
+    """torch.nn.attention.bias masks choose the alignment; bottom-right rows that see no key give 0, LSE -inf."""
+    q, k, v = make_qkv(hq=2, nq=nq, nk=nk, d=64, seed=nq + nk, layout="NHD")
+    out, lse = var(q, k, v, "NHD", attn_mask=bias(nq, nk), return_lse=True)
+    offset = nk - nq if bias is causal_lower_right else 0
+    ref, ref_lse = sdpa_fp32(q, k, v, "NHD", is_causal=True, causal_offset=offset)
+    seen = torch.isfinite(ref_lse)  # [B, H, Nq]: rows with at least one key (SDPA gives NaN for the others)
+    out_h, ref_h = to_hnd(out, "NHD"), to_hnd(ref, "NHD")
+    assert_close(out_h[seen].float(), ref_h[seen], cos=TOL[var.pv]["cos"], rel_l1=TOL[var.pv]["l1"])
+    assert (out_h[~seen] == 0).all() and torch.isneginf(lse[~seen]).all()
+    assert seen.all() == (offset >= 0)
+
+
+def test_causal_mask_object_errors():
+    q, k, v = make_qkv(hq=2, nq=40, nk=100, d=64)
+    with pytest.raises(ValueError, match="not both"):
+        sa.sageattn(q, k, v, is_causal=True, attn_mask=causal_lower_right(40, 100))
+    with pytest.raises(ValueError, match="is for 100 queries and 40 keys"):
+        sa.sageattn(q, k, v, attn_mask=causal_lower_right(100, 40))
 
 
 @pytest.mark.parametrize("var", MASK_VARIANTS, ids=lambda v: v.name)

@@ -4,7 +4,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import sageattention as sa
-from sageattention import ops
+from sageattention import backward, ops
 from tests.sageattention.helpers import DEVICE, make_qkv
 
 # All of opcheck's checks: schema, fake impl, autograd registration, AOTAutograd tracing (dynamic shapes).
@@ -14,13 +14,31 @@ OPCHECK_TESTS = ("test_schema", "test_autograd_registration", "test_faketensor",
 def _dense_args(layout, return_lse, mask=False):
     q, k, v = make_qkv(hq=4, hk=2, nq=20, nk=33, d=32, layout=layout, contiguous=True, seed=41)
     attn_mask = torch.ones(20, 33, dtype=torch.bool, device=DEVICE).tril(13).expand(1, 4, 20, 33) if mask else None
-    return (q, k, v, attn_mask, layout, True, 32**-0.5, "per_thread", True, True, False, True, False, return_lse, "")
+    return (q, k, v, attn_mask, layout, True, 0, 32**-0.5, "per_thread", True, True, False, True, False, return_lse, "")
 
 
 @pytest.mark.parametrize("layout", ["HND", "NHD"])
 @pytest.mark.parametrize("return_lse", [False, True])
 def test_opcheck_attention(layout, return_lse):
     torch.library.opcheck(ops.attention, _dense_args(layout, return_lse, mask=return_lse), test_utils=OPCHECK_TESTS)
+
+
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+def test_opcheck_attention_with_gradients(layout):
+    """The backward formula under AOTAutograd (inputs that require grad) gives eager's gradients."""
+    args = list(_dense_args(layout, False))
+    args[:3] = [t.detach().requires_grad_() for t in args[:3]]
+    torch.library.opcheck(ops.attention, tuple(args), test_utils=OPCHECK_TESTS)
+
+
+def test_opcheck_backward_ops():
+    q, k, v, mask, layout, causal, offset, scale = _dense_args("NHD", True, mask=True)[:8]
+    g = torch.randn_like(q)
+    torch.library.opcheck(backward.dense_backward, (g, torch.zeros(0), q, k, v, mask, layout, causal, offset, scale),
+                          test_utils=OPCHECK_TESTS)
+    vq, vk, vv, cu_q, cu_k, _, causal, scale, _ = _varlen_args()
+    torch.library.opcheck(backward.varlen_backward, (torch.randn_like(vq), vq, vk, vv, cu_q, cu_k, causal, scale),
+                          test_utils=OPCHECK_TESTS)
 
 
 def _varlen_args():
@@ -46,7 +64,7 @@ def test_fake_impl_shapes(layout, return_lse, dtype):
         kv_shape = (2, 1, 50, 64) if layout == "HND" else (2, 50, 1, 64)
         q = torch.empty(shape, dtype=dtype, device=DEVICE)
         k = torch.empty(kv_shape, dtype=dtype, device=DEVICE)
-        out, lse = ops.attention(q, k, k, None, layout, False, 0.125, "per_thread", True, True, False, True, False,
+        out, lse = ops.attention(q, k, k, None, layout, False, 0, 0.125, "per_thread", True, True, False, True, False,
                                  return_lse, "")
         assert out.shape == q.shape and out.dtype == dtype and out.device == q.device
         assert lse.dtype == torch.float32

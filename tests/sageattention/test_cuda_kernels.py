@@ -44,13 +44,12 @@ def poison_allocator(n_bytes: int = 256 << 20) -> None:
     del block
 
 
-def run(mod, q, k, v, layout, *, causal=False, gran="per_thread", accum=ACC_TWO_LEVEL, smooth_k=True,
-        smooth_v=False, lse=False, sm_scale=None):
-    nq, nk = to_hnd(q, layout).shape[2], to_hnd(k, layout).shape[2]
+def run(mod, q, k, v, layout, *, causal=False, causal_offset=0, gran="per_thread", accum=ACC_TWO_LEVEL,
+        smooth_k=True, smooth_v=False, lse=False, sm_scale=None):
     scale = q.shape[-1] ** -0.5 if sm_scale is None else sm_scale
     before = [t.clone() for t in (q, k, v)]
     poison_allocator()
-    out, lse_out = mod.attention(q, k, v, layout == "NHD", causal, nk - nq, scale, GRAN[gran], GRAN[gran], accum,
+    out, lse_out = mod.attention(q, k, v, layout == "NHD", causal, causal_offset, scale, GRAN[gran], GRAN[gran], accum,
                                  smooth_k, smooth_v, lse)
     torch.cuda.synchronize()
     for t, b in zip((q, k, v), before):
@@ -106,10 +105,10 @@ def test_structured_inputs_vs_reference_and_sdpa(family, fp8, gran, accum, dtype
 @pytest.mark.parametrize("nq, nk", [(1, 1), (17, 17), (77, 4097), (4097, 77), (1000, 1), (128, 64), (129, 65)])
 def test_odd_lengths(family, fp8, nq, nk):
     mod = module(family)
-    for causal in (False, True):
+    for causal, offset in ((False, 0), (True, 0), (True, nk - nq)):  # top-left and bottom-right causal
         q, k, v = make_qkv(b=1, hq=2, nq=nq, nk=nk, d=64, layout="NHD", seed=nq * 7 + nk)
-        out, lse = run(mod, q, k, v, "NHD", causal=causal, lse=True)
-        ref, ref_lse = sdpa_fp32(q, k, v, "NHD", is_causal=causal)
+        out, lse = run(mod, q, k, v, "NHD", causal=causal, causal_offset=offset, lse=True)
+        ref, ref_lse = sdpa_fp32(q, k, v, "NHD", is_causal=causal, causal_offset=offset)
         rows = torch.isfinite(ref_lse).cpu()  # bottom-right causal, nq > nk: rows without keys give 0 and -inf
         assert torch.equal(torch.isneginf(lse.cpu()), ~rows), "rows without keys must have LSE -inf"
         masked_out = to_hnd(out, "NHD").float().cpu()[~rows]

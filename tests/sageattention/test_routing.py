@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.nn.attention.bias import causal_lower_right
 
 import sageattention as sa
 from sageattention import core, dispatch, fallback
@@ -57,7 +58,7 @@ def test_named_cuda_variants_take_the_compiled_kernels_where_sageattn_prefers_tr
     core.sageattn_qk_int8_pv_fp8_cuda(q, k, v)
     core.sageattn_qk_int8_pv_fp16_cuda(q, k, v)
     core.sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v)
-    assert [a[6] for a in compiled_calls] == ["sm89", "sm80", "sm89"]
+    assert [a[7] for a in compiled_calls] == ["sm89", "sm80", "sm89"]
 
 
 @pytest.mark.parametrize("why, kwargs, shape", [
@@ -79,7 +80,7 @@ def test_sageattn_default_granularity_follows_the_backend(gpu, compiled_calls):
     q, k, v = qkv()
     sa.sageattn(q, k, v)
     sa.sageattn(q, k, v, qk_quant_gran="per_block")
-    assert [a[7] for a in compiled_calls] == [core.GRAN_CODE[core.SAGEATTN_GRAN_COMPILED], core.GRAN_CODE["per_block"]]
+    assert [a[8] for a in compiled_calls] == [core.GRAN_CODE[core.SAGEATTN_GRAN_COMPILED], core.GRAN_CODE["per_block"]]
 
 
 @pytest.mark.parametrize("accum, fp8, want", [
@@ -105,10 +106,11 @@ def test_small_problems_go_to_sdpa(sdpa_fallback, nq, nk, d, hq, why):
 
 
 @pytest.mark.parametrize("kwargs", [{"return_lse": True}, {"attn_mask": torch.ones(64, 77, dtype=torch.bool)},
-                                    {"is_causal": True}])
+                                    {"attn_mask": causal_lower_right(100, 77)}])
 def test_what_sdpa_cannot_reproduce_keeps_the_kernels(sdpa_fallback, kwargs):
-    q, k, v = make_qkv(b=1, hq=2, nq=77 if "is_causal" not in kwargs else 100, nk=77, d=64, device="cpu")
-    q = q[:, :, :64] if "attn_mask" in kwargs else q
+    """LSE, masks, and bottom-right causal with rows that see no key (SDPA: NaN, sageattn: 0)."""
+    q, k, v = make_qkv(b=1, hq=2, nq=77 if "attn_mask" not in kwargs else 100, nk=77, d=64, device="cpu")
+    q = q[:, :, :64] if kwargs.get("attn_mask") is not None and kwargs["attn_mask"].shape == (64, 77) else q
     assert not sa.explain(q, k, v, **kwargs).startswith("sdpa")
 
 
@@ -120,25 +122,29 @@ def test_the_fallback_can_be_turned_off(sdpa_fallback):
 
 
 @pytest.mark.parametrize("layout", ["HND", "NHD"])
-@pytest.mark.parametrize("is_causal", [False, True])
-def test_sdpa_fallback_keeps_sageattn_semantics(layout, is_causal):
-    """GQA, bottom-right causal (nq < nk), the caller's layout."""
+@pytest.mark.parametrize("is_causal, offset", [(False, 0), (True, 0), (True, 60)], ids=["full", "top-left",
+                                                                                       "bottom-right"])
+def test_sdpa_fallback_keeps_sageattn_semantics(layout, is_causal, offset):
+    """GQA, causal alignments (nq < nk), the caller's layout."""
     q, k, v = make_qkv(b=2, hq=4, hk=2, nq=40, nk=100, d=64, layout=layout, device="cpu", seed=3)
-    out = fallback.sdpa(q, k, v, layout, is_causal, 64**-0.5)
-    exact, _ = fp64_out(q, k, v, layout, is_causal=is_causal)
+    out = fallback.sdpa(q, k, v, layout, is_causal, offset, 64**-0.5)
+    exact, _ = fp64_out(q, k, v, layout, is_causal=is_causal, causal_offset=offset)
     assert out.shape == q.shape
     assert metrics(out, exact)["rel_l1"] < 2e-3
 
 
 def test_sdpa_reason_thresholds():
-    kw = dict(is_causal=False, masked=False, return_lse=False)
+    kw = dict(is_causal=False, causal_offset=0, masked=False, return_lse=False)
     fallback.set_sdpa_fallback(True)
     try:
         assert fallback.sdpa_reason(1, 16, 1024, 127, 64, **kw)
         assert fallback.sdpa_reason(1, 16, 1024, 128, 64, **kw) is None  # B1 H16 N1k d64 runs the kernels
         assert fallback.sdpa_reason(1, 1, 128, 128, 64, **kw)
-        assert fallback.sdpa_reason(1, 16, 77, 77, 64, is_causal=True, masked=False, return_lse=False)
-        assert fallback.sdpa_reason(1, 16, 1024, 77, 64, is_causal=True, masked=False, return_lse=False) is None
-        assert fallback.sdpa_reason(1, 16, 1024, 77, 64, is_causal=False, masked=False, return_lse=True) is None
+        causal = dict(kw, is_causal=True)
+        assert fallback.sdpa_reason(1, 16, 77, 77, 64, **causal)
+        assert fallback.sdpa_reason(1, 16, 1024, 77, 64, **causal)  # top-left: every query sees key 0
+        # bottom-right with more queries than keys: the first rows see no key (SDPA: NaN, sageattn: 0)
+        assert fallback.sdpa_reason(1, 16, 1024, 77, 64, **dict(causal, causal_offset=77 - 1024)) is None
+        assert fallback.sdpa_reason(1, 16, 1024, 77, 64, **dict(kw, return_lse=True)) is None
     finally:
         fallback.set_sdpa_fallback(False)

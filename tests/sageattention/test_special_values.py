@@ -1,10 +1,11 @@
-"""NaN/Inf inputs and large fp16 magnitudes: no crash, NaN where SDPA has NaN, no overflow to inf."""
+"""NaN/Inf inputs and extreme magnitudes: no crash, NaN where SDPA has NaN, finite and accurate where fp32 SDPA is
+finite."""
 import pytest
 import torch
 
 from tests.sageattention.helpers import (
-    DEVICE, TOL, VARIANT_IDS, VARIANTS, assert_close, assert_lse_close, fp64_out, make_qkv, reference_out,
-    runs_here, variant, oracle_args,
+    DEVICE, TOL, VARIANT_IDS, VARIANTS, assert_close, assert_lse_close, fp64_out, make_qkv, oracle_args,
+    reference_out, runs_here, sdpa_fp32, skip_bf16_pv16, variant,
 )
 
 INTERPRETED = DEVICE.type == "cpu"
@@ -96,3 +97,95 @@ def test_fp16_accum_variant_is_accurate_at_normal_magnitudes():
     q, k, v = make_qkv(hq=2, nq=64, nk=128, d=64, seed=34)
     out = variant("fp16_cuda-fp16+fp32")(q, k, v)[0]
     assert_close(out.cpu(), fp64_out(q, k, v)[0], cos=TOL["fp16"]["cos"], rel_l1=TOL["fp16"]["l1"])
+
+
+# ---------------------------------------------------------------- numeric range (issue 18)
+# Every finite input for which fp32 SDPA is finite gives a finite output within the accuracy thresholds.
+
+def _scaled(x: torch.Tensor, mag: float) -> torch.Tensor:
+    """x * mag with |x| >= 0.2 first: tiny bf16 values stay normal (Triton 3.6's interpreter converts subnormal bf16
+    to and from fp32 wrongly; GPUs do not)."""
+    y = x.float()
+    return (torch.where(y < 0, -1.0, 1.0) * y.abs().clamp_min(0.2) * mag).to(x.dtype)
+
+
+def _skip(var, dtype=torch.float16):
+    if not runs_here(var):
+        pytest.skip("sm90-only kernel")
+    skip_bf16_pv16(var, dtype)
+
+
+@pytest.mark.parametrize("var", VARIANTS, ids=VARIANT_IDS)
+def test_v_at_fp16_max_stays_finite(var):
+    """V = +-65000 with peaked attention: FP8 P·V rounds P by up to 1/16, which must not carry the output past
+    fp16's 65504 (the output is a weighted mean of V only if it is normalized by the P that P·V used)."""
+    _skip(var)
+    q, k, v = make_qkv(hq=2, nq=64, nk=80, d=64, seed=50)
+    q = q * 2
+    v = torch.full_like(v, 65000.0)
+    v[..., 1::2, 3] = -65000.0
+    out = var(q, k, v)[0]
+    ref = reference_out(q, k, v, pv=var.pv, **oracle_args(var, q))[0]
+    assert_close(out.cpu(), ref, cos=TOL[var.pv]["ref_cos"], rel_l1=TOL[var.pv]["ref_l1"], what="vs reference")
+    assert_close(out.cpu(), fp64_out(q, k, v)[0], cos=TOL[var.pv]["cos"], rel_l1=TOL[var.pv]["l1"])
+
+
+TINY_V = [(torch.float16, 1e-3), (torch.float16, 1e-4), (torch.bfloat16, 1e-6), (torch.bfloat16, 1e-20),
+          (torch.bfloat16, 3e-37)]
+
+
+@pytest.mark.parametrize("dtype,mag", TINY_V, ids=[f"{str(d)[6:]}-{m:g}" for d, m in TINY_V])
+@pytest.mark.parametrize("var", VARIANTS, ids=VARIANT_IDS)
+def test_tiny_v(var, dtype, mag):
+    """|V| ~ mag: nothing flushed to zero (the FP8 V scale amax / 448 of bf16 V ~3e-37 is subnormal in fp32, and
+    its reciprocal overflows). Compared at V's own scale."""
+    _skip(var, dtype)
+    q, k, v = make_qkv(hq=2, nq=64, nk=80, d=64, seed=51, dtype=dtype)
+    v = _scaled(v, mag)
+    out = var(q, k, v)[0].cpu().double()
+    exact = fp64_out(q, k, v)[0]
+    if INTERPRETED:  # outputs below fp32's least normal: the interpreter's conversion to bf16 is wrong there
+        normal = exact.abs() >= 2.0**-126
+        out, exact = out[normal], exact[normal]
+    assert_close(out / mag, exact / mag, cos=TOL[var.pv]["cos"], rel_l1=TOL[var.pv]["l1"])
+
+
+QK_MAGS = {  # name -> (|q|, |k|)
+    "q1e-37-k1e37": (1e-37, 1e37),  # INT8 scale absmax / 127 of q subnormal: its reciprocal overflows
+    "1e-30": (1e-30, 1e-30),  # dequantization factor q_scale * k_scale * sm_scale underflows to 0
+    "1e4": (1e4, 1e4),  # scores ~1e8 (ulp 16): the FP8 exponent offset m - log2(448) rounds down, P's peak past 448
+    "1e18": (1e18, 1e18),  # dequantization factor ~1e33: 1.5 * 2**23 times it overflows fp32
+}
+
+
+@pytest.mark.parametrize("mag", list(QK_MAGS))
+@pytest.mark.parametrize("var", VARIANTS, ids=VARIANT_IDS)
+def test_extreme_qk_magnitudes_bf16(var, mag):
+    """bf16 |q|, |k| far outside fp16's range, where fp32 SDPA is finite: the quantized algorithm's result; float64's
+    within the large-score allowance of test_large_qk_magnitudes; the LSE to a relative 1e-4."""
+    _skip(var, torch.bfloat16)
+    q, k, v = make_qkv(hq=2, nq=64, nk=80, d=64, seed=52, dtype=torch.bfloat16)
+    q, k = (_scaled(t, m) for t, m in zip((q, k), QK_MAGS[mag]))
+    assert torch.isfinite(sdpa_fp32(q, k, v)[0]).all()
+    out, lse = var(q, k, v, return_lse=True)
+    ref, ref_lse = reference_out(q, k, v, pv=var.pv, **oracle_args(var, q))
+    assert_close(out.cpu(), ref, cos=TOL[var.pv]["ref_cos"], rel_l1=TOL[var.pv]["ref_l1"], what="vs reference")
+    assert_close(out.cpu(), fp64_out(q, k, v)[0], cos=0.95, rel_l1=0.1)
+    assert_lse_close(lse, ref_lse, atol=2e-3 + 1e-4 * ref_lse.abs().max().item())
+
+
+@pytest.mark.parametrize("var", VARIANTS, ids=VARIANT_IDS)
+def test_k_mean_of_huge_keys(var):
+    """bf16 keys ~3e37 sharing a sign: their token sum overflows fp32, their mean does not (q ~3e-36 keeps the
+    scores ~1, so fp32 SDPA is finite)."""
+    _skip(var, torch.bfloat16)
+    q, k, v = make_qkv(hq=2, nq=64, nk=80, d=64, seed=53, dtype=torch.bfloat16)
+    q = _scaled(q, 3e-36)
+    k = ((3 + 0.1 * k.float()) * 1e37).bfloat16()
+    assert torch.isfinite(sdpa_fp32(q, k, v)[0]).all()
+    out, lse = var(q, k, v, return_lse=True)
+    ref, ref_lse = reference_out(q, k, v, pv=var.pv, **oracle_args(var, q))
+    assert_close(out.cpu(), ref, cos=TOL[var.pv]["ref_cos"], rel_l1=TOL[var.pv]["ref_l1"], what="vs reference")
+    assert_close(out.cpu(), fp64_out(q, k, v)[0], cos=TOL[var.pv]["cos"], rel_l1=TOL[var.pv]["l1"])
+    # the LSE (~250) holds q · mean(k) * sm_scale, which fp32 carries to about 1e-7 of q's and k's magnitudes
+    assert_lse_close(lse, ref_lse, atol=2e-3 + 1e-4 * ref_lse.abs().max().item())
