@@ -81,31 +81,31 @@ def _compiled_attention_fake(q, k, v, nhd, is_causal, causal_offset, sm_scale, f
 
 
 def _save_inputs(ctx, inputs, output):
-    ctx.inputs = inputs
-    ctx.save_for_backward(*inputs[:3])
+    ctx.save_for_backward(*inputs[:3])  # q, k, v
+    ctx.args = inputs[3:]
 
 
 def _attention_backward(ctx, grad_out, grad_lse):
     q, k, v = ctx.saved_tensors
-    attn_mask, tensor_layout, is_causal, causal_offset, sm_scale = ctx.inputs[3:8]
+    attn_mask, tensor_layout, is_causal, causal_offset, sm_scale = ctx.args[:5]
     grads = backward.dense_backward(grad_out, grad_lse, q, k, v, attn_mask, tensor_layout, is_causal, causal_offset,
                                     sm_scale)
-    return *grads, *(None,) * (len(ctx.inputs) - 3)
+    return *grads, *(None,) * len(ctx.args)
 
 
 def _compiled_attention_backward(ctx, grad_out, grad_lse):
     q, k, v = ctx.saved_tensors
-    nhd, is_causal, causal_offset, sm_scale = ctx.inputs[3:7]
+    nhd, is_causal, causal_offset, sm_scale = ctx.args[:4]
     grads = backward.dense_backward(grad_out, grad_lse, q, k, v, None, "NHD" if nhd else "HND", is_causal,
                                     causal_offset, sm_scale)
-    return *grads, *(None,) * (len(ctx.inputs) - 3)
+    return *grads, *(None,) * len(ctx.args)
 
 
 def _varlen_attention_backward(ctx, grad_out):
     q, k, v = ctx.saved_tensors
-    cu_seqlens_q, cu_seqlens_k, _, is_causal, sm_scale = ctx.inputs[3:8]
+    cu_seqlens_q, cu_seqlens_k, _, is_causal, sm_scale = ctx.args[:5]
     grads = backward.varlen_backward(grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal, sm_scale)
-    return *grads, *(None,) * (len(ctx.inputs) - 3)
+    return *grads, *(None,) * len(ctx.args)
 
 
 attention.register_autograd(_attention_backward, setup_context=_save_inputs)
@@ -116,7 +116,9 @@ attention_varlen.register_autograd(_varlen_attention_backward, setup_context=_sa
 def call(op, impl, *args):
     """Eager calls skip the dispatcher (it costs tens of microseconds) unless autograd needs the op's backward;
     compiled graphs see the op."""
-    if torch.compiler.is_compiling() or (torch.is_grad_enabled() and any(t.requires_grad for t in args[:3])):
+    q, k, v = args[:3]
+    if torch.compiler.is_compiling() or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or
+                                                                      v.requires_grad)):
         return op(*args)
     return impl(*args)
 

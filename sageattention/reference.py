@@ -31,6 +31,11 @@ INT8_MAX = 127.0
 MIN_SCALE = 2.0**-126  # fp32's least normal: every quantization scale's floor (its reciprocal must stay finite)
 
 
+def _usable_scale(scale: torch.Tensor, all_zero: torch.Tensor) -> torch.Tensor:
+    """1 for an all-zero group, else at least MIN_SCALE; NaN stays NaN."""
+    return torch.where(all_zero, 1.0, torch.where(scale < MIN_SCALE, MIN_SCALE, scale))
+
+
 def _grouped_scale(x32: torch.Tensor, g: Grouping) -> torch.Tensor:
     """Per-group scale (absmax / 127, at least MIN_SCALE) of x32 [B, H, N, D]; NaN if the group holds NaN/Inf; 1 if
     all zero."""
@@ -43,8 +48,7 @@ def _grouped_scale(x32: torch.Tensor, g: Grouping) -> torch.Tensor:
     gmax = row_max.view(shape).amax(dim=(4, 6))
     gbad = row_bad.view(shape).sum(dim=(4, 6))
     scale = gmax / INT8_MAX + gbad
-    scale = torch.where(scale == 0, 1.0, torch.where(scale < MIN_SCALE, MIN_SCALE, scale))
-    return scale.reshape(b, h, -1)
+    return _usable_scale(scale, scale == 0).reshape(b, h, -1)
 
 
 def expand_groups(scale: torch.Tensor, g: Grouping, n: int) -> torch.Tensor:
@@ -79,7 +83,7 @@ def quantize_v_fp8(v: torch.Tensor, mean: torch.Tensor | None = None, v_max: flo
     if mean is not None:
         v32 = v32 - mean
     scale = v32.abs().amax(dim=2) / v_max
-    scale = torch.where(scale == 0, 1.0, torch.where(scale < MIN_SCALE, MIN_SCALE, scale))
+    scale = _usable_scale(scale, scale == 0)
     return (v32 * (1.0 / scale)[:, :, None, :]).to(torch.float8_e4m3fn), scale
 
 

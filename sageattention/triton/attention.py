@@ -12,6 +12,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .. import dispatch
 from .fp8 import INTERPRET, to_e4m3
+from .quant import MIN_SCALE
 from .sizes import cdiv, next_pow2
 
 LOG2E = 1.4426950408889634
@@ -87,7 +88,7 @@ def _attn_block(
             # The max is taken on the raw f below, which needs c > 0: `attention` folds sm_scale's sign into q, and a
             # c that underflowed (tiny |q|, |k| or sm_scale) rises to fp32's least normal, where exp2 still sees every
             # score as 0 (|x| * c < 2**-104) but a masked -inf stays -inf (-inf * 0 is NaN).
-            c = tl.maximum(c, 1.1754943508222875e-38, propagate_nan=tl.PropagateNan.ALL)
+            c = tl.maximum(c, MIN_SCALE, propagate_nan=tl.PropagateNan.ALL)
         # c cut to 22 significant bits (a relative change under 2**-21) makes h = 1.5 * 2**23 * c exact, so the FMA
         # rounds only its small result; a rounded product would shift each tile's scores by up to c / 2.
         c = (c.to(tl.int32, bitcast=True) & -4).to(tl.float32, bitcast=True)

@@ -30,6 +30,12 @@ MIN_SCALE = tl.constexpr(1.1754943508222875e-38)
 
 
 @triton.jit
+def _usable_scale(scale, all_zero):
+    """1 for an all-zero group, else at least MIN_SCALE; NaN stays NaN."""
+    return tl.where(all_zero, 1.0, tl.where(scale < MIN_SCALE, MIN_SCALE, scale))
+
+
+@triton.jit
 def _load_tile(X, stride_n, offs_n, offs_d, N, D: tl.constexpr):
     ptrs = X + offs_n[:, None] * stride_n + offs_d[None, :]
     return tl.load(ptrs, mask=(offs_n[:, None] < N) & (offs_d[None, :] < D), other=0.0).to(tl.float32)
@@ -44,7 +50,7 @@ def int8_tile(x, G1: tl.constexpr, R1: tl.constexpr, G2: tl.constexpr, R2: tl.co
     gmax = tl.max(tl.max(row_max, axis=3), axis=1)
     gbad = tl.sum(tl.sum(row_bad, axis=3), axis=1)
     scale = tl.math.div_rn(gmax, 127.0) + gbad  # IEEE division, as the reference (a plain / is approximate on GPUs)
-    scale = tl.where(scale == 0.0, 1.0, tl.where(scale < MIN_SCALE, MIN_SCALE, scale))  # [G1, G2]; NaN stays NaN
+    scale = _usable_scale(scale, scale == 0.0)  # [G1, G2]
     tok_scale = tl.reshape(tl.broadcast_to(tl.reshape(scale, (G1, 1, G2, 1)), (G1, R1, G2, R2)), (BLOCK,))
     # One IEEE division per group, then a multiply per element: same values as the reference, less ALU work.
     inv = tl.reshape(tl.broadcast_to(tl.reshape(tl.math.div_rn(1.0, scale), (G1, 1, G2, 1)), (G1, R1, G2, R2)), (BLOCK,))
@@ -126,7 +132,7 @@ def _v_fp8_block(
         v = v - tl.load(VMEAN + (b * H + h) * D + offs_d, mask=offs_d < D, other=0.0)[None, :]
     amax = tl.load(AMAX + (b * H + h) * D + offs_d, mask=offs_d < D, other=0.0)
     scale = tl.math.div_rn(amax, 448.0)
-    scale = tl.where(amax == 0.0, 1.0, tl.where(scale < MIN_SCALE, MIN_SCALE, scale))  # NaN stays NaN
+    scale = _usable_scale(scale, amax == 0.0)
     if pid_n == 0:
         tl.store(VSCALE + (b * H + h) * D + offs_d, scale, mask=offs_d < D)
     y = to_e4m3(v * tl.math.div_rn(1.0, scale)[None, :], EXACT_ROUND)
