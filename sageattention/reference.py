@@ -12,7 +12,7 @@ Algorithm (SageAttention / SageAttention2):
   scores        S = (q_i8 @ k_i8^T) * s_q * s_k * sm_scale   (+ mask)
   softmax       P = exp(S - rowmax(S)), l = rowsum(P)
   P·V (16-bit)  O = (P in V's dtype) @ V / l
-  P·V (FP8)     V smoothing (optional) v' = v - mean_tokens(v); per-channel s_v = absmax / 448 (at least 2**-126);
+  P·V (FP8)     V smoothing (optional) v' = v - mean_tokens(v) (on channels where v' fits V's dtype); per-channel s_v = absmax / 448 (at least 2**-126);
                 O = clamp(fp8(P * 448) @ fp8(v' / s_v) / 448 / l, +-v_max) * s_v  (+ mean_tokens(v)): exact
                 attention is a weighted mean of V, within +-v_max quantized units; e4m3's rounding of P could carry
                 the quantized mean past it (inf in fp16 for |V| near 65504), the clamp only moves it toward exact
@@ -25,6 +25,7 @@ import math
 import torch
 
 from .quant_groups import Grouping, k_grouping, q_grouping
+from .smoothing import token_mean, usable_v_mean
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 INT8_MAX = 127.0
@@ -85,12 +86,6 @@ def quantize_v_fp8(v: torch.Tensor, mean: torch.Tensor | None = None, v_max: flo
     scale = v32.abs().amax(dim=2) / v_max
     scale = _usable_scale(scale, scale == 0)
     return (v32 * (1.0 / scale)[:, :, None, :]).to(torch.float8_e4m3fn), scale
-
-
-def token_mean(x: torch.Tensor) -> torch.Tensor:
-    """Mean over tokens, [B, H, 1, D] fp32: the smoothing vector (computed in fp64: an fp32 sum of bf16 values can
-    overflow where their mean does not)."""
-    return x.double().mean(dim=2, keepdim=True).float()
 
 
 def causal_mask(nq: int, nk: int, device=None, offset: int = 0) -> torch.Tensor:
@@ -162,7 +157,7 @@ def sage_attention_reference(
         s = s.masked_fill(~causal_mask(nq, nk, q.device, causal_offset), -math.inf)
     p, m, l = _softmax_parts(s)
     if pv_dtype == "fp8":
-        vm = token_mean(v) if smooth_v else None
+        vm = usable_v_mean(v) if smooth_v else None
         v_q, v_s = quantize_v_fp8(v, vm, v_max)
         p_q = (p * p_scale).to(torch.float8_e4m3fn).double() / p_scale
         o_q = (p_q @ _repeat_kv(v_q.double(), hq) / l).clamp(-v_max, v_max)  # NaN stays NaN

@@ -21,6 +21,11 @@ constexpr float kMinScale = 1.17549435e-38f;
 
 template <typename T>
 __device__ __forceinline__ float to_float(T x);
+// The largest finite value of the 16-bit input type.
+template <typename T>
+constexpr float kMaxFinite = 65504.f;
+template <>
+constexpr float kMaxFinite<__nv_bfloat16> = 3.38953139e38f;
 template <>
 __device__ __forceinline__ float to_float<half>(half x) { return __half2float(x); }
 template <>
@@ -199,7 +204,9 @@ __device__ void kv_statistics(const PrepareParams& p, int b, int hk, int chunk_i
 }
 
 // Reduces the chunk statistics of head (b, hk) into shared memory: means of K and V, and the FP8 V scale.
-template <int DPAD>
+// V's mean is kept only on channels where v - mean stays within V's type (a 16-bit P·V stores it there: fp16 V
+// spanning +-65000 would overflow), as reference.usable_v_mean; other channels are not smoothed.
+template <typename T, int DPAD>
 __device__ void head_statistics(const PrepareParams& p, int b, int hk, float* k_mean, float* v_mean, float* v_scale) {
   const int c = threadIdx.x;
   if (c >= DPAD) return;
@@ -210,7 +217,7 @@ __device__ void head_statistics(const PrepareParams& p, int b, int hk, float* k_
     ks += s[c], vmax = fmaxf(vmax, s[DPAD + c]), vmin = fminf(vmin, s[2 * DPAD + c]), vs += s[3 * DPAD + c];
   }
   k_mean[c] = p.smooth_k ? ks : 0.f;
-  const float vm = p.smooth_v ? vs : 0.f;
+  const float vm = p.smooth_v && fmaxf(vmax - vs, vs - vmin) <= kMaxFinite<T> ? vs : 0.f;
   v_mean[c] = vm;
   // max |v - mean| over tokens from the extremes (rounding is monotonic, so this equals the max of the rounded values)
   float s = fmaxf(vmax - vm, vm - vmin) / p.v_fp8_max;
@@ -302,7 +309,7 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_k_and_v(const PreparePar
   const int i = is_k ? blockIdx.x : blockIdx.x - p.batch * p.hk * k_blocks;
   const int blk = i % k_blocks, hk = (i / k_blocks) % p.hk, b = i / (k_blocks * p.hk);
   const int64_t head = static_cast<int64_t>(b) * p.hk + hk;
-  head_statistics<DPAD>(p, b, hk, k_mean, v_mean, v_scale);
+  head_statistics<T, DPAD>(p, b, hk, k_mean, v_mean, v_scale);
   __syncthreads();
   if (blk == 0 && threadIdx.x < DPAD) {  // one program per head publishes the head's statistics
     const int c = threadIdx.x;

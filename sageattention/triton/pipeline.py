@@ -5,6 +5,7 @@ import torch
 
 from ..plan import Plan, Quantized
 from ..quant_groups import k_grouping, q_grouping
+from ..smoothing import usable_v_mean
 from . import attention as attn_kernel
 from . import quant
 
@@ -12,15 +13,17 @@ from . import quant
 def _segment_mean(x: torch.Tensor, seg: torch.Tensor, n_seg: int) -> torch.Tensor:
     """Per-sequence token mean of a packed x [1, H, total, D] -> [1, H, n_seg, D] fp32."""
     _, h, _, d = x.shape
-    sums = torch.zeros((n_seg, h, d), dtype=torch.float32, device=x.device)
-    sums.index_add_(0, seg.long(), x[0].transpose(0, 1).float())
-    counts = torch.bincount(seg.long(), minlength=n_seg).clamp_min(1).to(torch.float32)
-    return (sums / counts[:, None, None]).permute(1, 0, 2).unsqueeze(0)
+    seg = seg.long()
+    # each token enters divided by its sequence's length: a sum of bf16 K itself can overflow fp32
+    weight = 1.0 / torch.bincount(seg, minlength=n_seg).clamp_min(1).to(torch.float32)
+    means = torch.zeros((n_seg, h, d), dtype=torch.float32, device=x.device)
+    means.index_add_(0, seg, x[0].transpose(0, 1).float().mul_(weight[seg][:, None, None]))
+    return means.permute(1, 0, 2).unsqueeze(0)
 
 
 def quantize(q, k, v, plan: Plan, seg_k: torch.Tensor | None = None, n_seg: int = 1) -> Quantized:
     """seg_k: for packed varlen batches, the sequence index of every key token (int32 [total_k])."""
-    v_mean = v.mean(dim=2, dtype=torch.float32).contiguous() if plan.smooth_v else None
+    v_mean = usable_v_mean(v)[:, :, 0].contiguous() if plan.smooth_v else None
     # Two launches: INT8 Q with one read of K and V for the K mean (dense batches) and the FP8 V scales' absmax;
     # then INT8 K (smoothed) with FP8 V^T.
     dense_mean = plan.smooth_k and seg_k is None

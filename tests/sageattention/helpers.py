@@ -137,6 +137,38 @@ def sdpa_fp32(q, k, v, layout="HND", *, is_causal=False, attn_mask=None, sm_scal
     return to_hnd(out, layout), lse
 
 
+# ---------------------------------------------------------------- packed (varlen) batches
+
+def cu_seqlens(lens, dtype=torch.int32, device=DEVICE) -> torch.Tensor:
+    return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=dtype, device=device)
+
+
+def packed_varlen(lens_q, lens_k, *, hq=4, hk=2, d=64, seed=0, dtype=torch.float16, cu_dtype=torch.int32):
+    """q [sum(lens_q), hq, d], k/v [sum(lens_k), hk, d] and their cu_seqlens."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(sum(lens_q), hq, d, generator=gen).to(dtype).to(DEVICE)
+    k, v = (torch.randn(sum(lens_k), hk, d, generator=gen).to(dtype).to(DEVICE) for _ in range(2))
+    return q, k, v, cu_seqlens(lens_q, cu_dtype), cu_seqlens(lens_k, cu_dtype)
+
+
+def check_per_sequence(out, q, k, v, cu_q, cu_k, is_causal=False, *, oracle=None, tol=None):
+    """Each sequence of a packed batch against attention on it alone (oracle: fp64_out by default, or sdpa_fp32);
+    a sequence with queries but no keys gives 0."""
+    oracle, tol = oracle or fp64_out, tol or TOL["fp16"]
+    assert out.shape == q.shape and out.dtype == q.dtype
+    cq, ck = cu_q.tolist(), cu_k.tolist()
+    for i in range(len(cq) - 1):
+        sq, sk = slice(cq[i], cq[i + 1]), slice(ck[i], ck[i + 1])
+        if sq.start == sq.stop:
+            continue
+        if sk.start == sk.stop:
+            assert torch.equal(out[sq], torch.zeros_like(out[sq])), f"sequence {i} has no keys: want 0"
+            continue
+        want = oracle(q[sq][None], k[sk][None], v[sk][None], "NHD", is_causal=is_causal)[0][0]
+        assert_close(out[sq].float().cpu(), want.float().cpu(), cos=tol["cos"], rel_l1=tol["l1"],
+                     what=f"sequence {i}")
+
+
 # ---------------------------------------------------------------- the public functions
 
 def sageattn_pv() -> str:

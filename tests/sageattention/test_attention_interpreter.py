@@ -9,8 +9,9 @@ import sageattention as sa
 from sageattention import reference
 from sageattention.inputs import to_hnd
 from tests.sageattention.helpers import (
-    DEVICE, MASK_VARIANTS, TOL, VARIANT_IDS, VARIANTS, assert_close, assert_lse_close, check_variant_vs_fp32,
-    check_variant_vs_reference, fp64_out, make_qkv, reference_out, sdpa_fp32, skip_bf16_pv16, variant, oracle_args,
+    DEVICE, MASK_VARIANTS, TOL, VARIANT_IDS, VARIANTS, assert_close, assert_lse_close, check_per_sequence,
+    check_variant_vs_fp32, check_variant_vs_reference, fp64_out, make_qkv, oracle_args, packed_varlen, reference_out,
+    sdpa_fp32, skip_bf16_pv16, variant,
 )
 
 SAGEATTN = variant("sageattn")
@@ -146,43 +147,19 @@ def test_matches_sdpa_fp32_helper():
 
 # ---------------------------------------------------------------- varlen
 
-def _varlen_inputs(lens_q, lens_k, hq=4, hk=2, d=64, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(sum(lens_q), hq, d, generator=gen).half().to(DEVICE)
-    k = torch.randn(sum(lens_k), hk, d, generator=gen).half().to(DEVICE)
-    v = torch.randn(sum(lens_k), hk, d, generator=gen).half().to(DEVICE)
-
-    def cu(lens):
-        return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=DEVICE)
-
-    return q, k, v, cu(lens_q), cu(lens_k)
-
-
-def check_varlen(lens_q, lens_k, *, is_causal, seed=0, oracle=fp64_out, **kw):
-    """sageattn_varlen vs attention on each sequence separately (oracle: fp64_out or sdpa_fp32)."""
-    q, k, v, cu_q, cu_k = _varlen_inputs(lens_q, lens_k, seed=seed)
-    out = sa.sageattn_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), is_causal=is_causal, **kw)
-    assert out.shape == q.shape and out.dtype == q.dtype
-    for i in range(len(lens_q)):
-        sq, sk = slice(cu_q[i], cu_q[i + 1]), slice(cu_k[i], cu_k[i + 1])
-        want = oracle(q[sq][None], k[sk][None], v[sk][None], "NHD", is_causal=is_causal)[0][0]
-        assert_close(out[sq].float(), want.float(), cos=TOL["fp16"]["cos"], rel_l1=TOL["fp16"]["l1"],
-                     what=f"sequence {i}")
-
-
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_varlen(is_causal):
-    check_varlen([37, 1, 90], [50, 64, 90], is_causal=is_causal, seed=int(is_causal))
+    lens_q, lens_k = [37, 1, 90], [50, 64, 90]
+    q, k, v, cu_q, cu_k = packed_varlen(lens_q, lens_k, seed=int(is_causal))
+    out = sa.sageattn_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), is_causal=is_causal)
+    check_per_sequence(out, q, k, v, cu_q, cu_k, is_causal)
 
 
 def test_varlen_k_bias_is_smoothed_per_sequence():
-    q, k, v, cu_q, cu_k = _varlen_inputs([30, 40], [30, 40], seed=3)
+    q, k, v, cu_q, cu_k = packed_varlen([30, 40], [30, 40], seed=3)
     k[:30] += 10  # different bias per sequence: a global mean would leave one of them biased
     k[30:] -= 10
-    out = sa.sageattn_varlen(q, k, v, cu_q, cu_k, 40, 40)
-    for sl in (slice(0, 30), slice(30, 70)):
-        want = fp64_out(q[sl][None], k[sl][None], v[sl][None], "NHD")[0][0]
-        assert_close(out[sl], want, cos=TOL["fp16"]["cos"], rel_l1=TOL["fp16"]["l1"])
+    check_per_sequence(sa.sageattn_varlen(q, k, v, cu_q, cu_k, 40, 40), q, k, v, cu_q, cu_k)
 
 
 @pytest.mark.parametrize("var", VARIANTS, ids=VARIANT_IDS)

@@ -3,9 +3,11 @@ finite."""
 import pytest
 import torch
 
+import sageattention as sa
+from sageattention.triton import pipeline
 from tests.sageattention.helpers import (
-    DEVICE, TOL, VARIANT_IDS, VARIANTS, assert_close, assert_lse_close, fp64_out, make_qkv, oracle_args,
-    reference_out, runs_here, sdpa_fp32, skip_bf16_pv16, variant,
+    DEVICE, TOL, VARIANT_IDS, VARIANTS, assert_close, assert_lse_close, check_per_sequence, fp64_out, make_qkv,
+    oracle_args, packed_varlen, reference_out, runs_here, sdpa_fp32, skip_bf16_pv16, variant,
 )
 
 INTERPRETED = DEVICE.type == "cpu"
@@ -128,6 +130,58 @@ def test_v_at_fp16_max_stays_finite(var):
     ref = reference_out(q, k, v, pv=var.pv, **oracle_args(var, q))[0]
     assert_close(out.cpu(), ref, cos=TOL[var.pv]["ref_cos"], rel_l1=TOL[var.pv]["ref_l1"], what="vs reference")
     assert_close(out.cpu(), fp64_out(q, k, v)[0], cos=TOL[var.pv]["cos"], rel_l1=TOL[var.pv]["l1"])
+
+
+SMOOTH_V_VARIANTS = [v for v in VARIANTS if v.name in ("sageattn", "fp16_cuda-fp32", "fp16_cuda-fp16+fp32",
+                                                         "fp8_cuda-fp32", "fp8_cuda-fp32+fp16")]
+
+
+@pytest.mark.parametrize("var", SMOOTH_V_VARIANTS, ids=[v.name for v in SMOOTH_V_VARIANTS])
+def test_smooth_v_with_v_spanning_fp16_range(var):
+    """smooth_v=True on a channel of +65000 with every eighth key -65000 (mean ~4.9e4: its v - mean would overflow
+    fp16, where 16-bit P·V stores it, so that channel goes unsmoothed) beside channels near 6e4 with a small spread
+    (smoothed): finite, accurate."""
+    _skip(var)
+    q, k, v = make_qkv(hq=2, nq=64, nk=80, d=64, seed=54)
+    v = v.float() * 100
+    v[..., 5] = 65000.0
+    v[..., 0::8, 5] = -65000.0
+    v[..., 9:12] += 6e4
+    v = v.half()
+    out = var(q, k, v, smooth_v=True)[0]
+    assert torch.isfinite(out).all()
+    assert_close(out.cpu(), fp64_out(q, k, v)[0], cos=TOL[var.pv]["cos"], rel_l1=TOL[var.pv]["l1"])
+
+
+@pytest.mark.parametrize("var", SMOOTH_V_VARIANTS, ids=[v.name for v in SMOOTH_V_VARIANTS])
+def test_smooth_v_mean_of_huge_values(var):
+    """smooth_v=True on bf16 V ~3e37 sharing a sign: the token sum overflows fp32, the mean does not."""
+    _skip(var, torch.bfloat16)
+    q, k, v = make_qkv(hq=2, nq=64, nk=80, d=64, seed=56, dtype=torch.bfloat16)
+    v = ((3 + v.float()) * 1e37).bfloat16()
+    out = var(q, k, v, smooth_v=True)[0].cpu().double()
+    assert_close(out / 1e37, fp64_out(q, k, v)[0] / 1e37, cos=TOL[var.pv]["cos"], rel_l1=TOL[var.pv]["l1"])
+
+
+def _huge_keys_varlen():
+    """A packed bf16 batch with keys ~3e37 sharing a sign (as test_k_mean_of_huge_keys)."""
+    q, k, v, cu_q, cu_k = packed_varlen([30, 50], [40, 90], seed=57, dtype=torch.bfloat16)
+    return _scaled(q, 3e-36), ((3 + 0.1 * k.float()) * 1e37).bfloat16(), v, cu_q, cu_k
+
+
+def test_varlen_k_means_of_huge_keys():
+    """The per-sequence K means of the varlen path: their fp32 token sums overflow, the means do not."""
+    _, k, _, _, cu_k = _huge_keys_varlen()
+    seg = torch.repeat_interleave(torch.arange(2, device=k.device), cu_k.diff()).int()
+    means = pipeline._segment_mean(k.transpose(0, 1)[None], seg, 2)[0].transpose(0, 1)  # [seq, H, D]
+    want = torch.stack([part.double().mean(dim=0) for part in k.split(cu_k.diff().tolist())])
+    assert torch.allclose(means.double().cpu(), want.cpu(), rtol=1e-5)
+
+
+@pytest.mark.gpu  # varlen's 16-bit P·V on bf16: the interpreter's bf16 tl.dot is wrong
+def test_varlen_with_huge_keys():
+    q, k, v, cu_q, cu_k = _huge_keys_varlen()
+    check_per_sequence(sa.sageattn_varlen(q, k, v, cu_q, cu_k, 50, 90), q, k, v, cu_q, cu_k)
 
 
 TINY_V = [(torch.float16, 1e-3), (torch.float16, 1e-4), (torch.bfloat16, 1e-6), (torch.bfloat16, 1e-20),

@@ -8,22 +8,13 @@ import torch
 
 import sageattention as sa
 from sageattention import inputs
-from tests.sageattention.helpers import DEVICE, TOL, assert_close, fp64_out
+from tests.sageattention.helpers import DEVICE, check_per_sequence, cu_seqlens, packed_varlen
 
 HQ, HK, D = 4, 2, 32
 
 
 def packed(lens_q, lens_k, seed=0, cu_dtype=torch.int32):
-    """q [sum(lens_q), HQ, D], k/v [sum(lens_k), HK, D] fp16 and their cu_seqlens."""
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(sum(lens_q), HQ, D, generator=gen).half().to(DEVICE)
-    k, v = (torch.randn(sum(lens_k), HK, D, generator=gen).half().to(DEVICE) for _ in range(2))
-    cu_q, cu_k = (cu(lens, cu_dtype) for lens in (lens_q, lens_k))
-    return q, k, v, cu_q, cu_k
-
-
-def cu(lens, dtype=torch.int32, device=DEVICE):
-    return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=dtype, device=device)
+    return packed_varlen(lens_q, lens_k, hq=HQ, hk=HK, d=D, seed=seed, cu_dtype=cu_dtype)
 
 
 def t(*values, dtype=torch.int32):
@@ -99,7 +90,7 @@ def test_cpu_cu_seqlens_are_checked_on_the_host_then_moved():
     """CPU cu_seqlens for inputs on another device: checked on the host (no read-back), then copied over as int32.
     The meta device stands in for a GPU here."""
     meta = torch.device("meta")
-    cu_q, cu_k = cu([4, 6], torch.int64, "cpu"), cu([4, 6], torch.int32, "cpu")
+    cu_q, cu_k = cu_seqlens([4, 6], torch.int64, "cpu"), cu_seqlens([4, 6], torch.int32, "cpu")
     got = inputs.check_cu_seqlens(cu_q, cu_k, 10, 10, 6, 6, meta)
     assert all(x.device == meta and x.dtype == torch.int32 for x in got)
     with pytest.raises(ValueError, match=r"cu_seqlens_q\[2\] \(the last entry\) is 10, but q has 12 tokens"):
@@ -131,21 +122,6 @@ def test_synchronizations():
 
 
 # ---------------------------------------------------------------- valid batches
-
-def check_per_sequence(out, q, k, v, cu_q, cu_k, is_causal):
-    """Each sequence against float64 attention on it alone; a sequence with queries but no keys gives 0."""
-    assert out.shape == q.shape and out.dtype == q.dtype
-    (cq, ck) = cu_q.tolist(), cu_k.tolist()
-    for i in range(len(cq) - 1):
-        sq, sk = slice(cq[i], cq[i + 1]), slice(ck[i], ck[i + 1])
-        if sq.start == sq.stop:
-            continue
-        if sk.start == sk.stop:
-            assert torch.equal(out[sq], torch.zeros_like(out[sq])), f"sequence {i} has no keys: want 0"
-            continue
-        want = fp64_out(q[sq][None], k[sk][None], v[sk][None], "NHD", is_causal=is_causal)[0][0]
-        assert_close(out[sq].cpu(), want, cos=TOL["fp16"]["cos"], rel_l1=TOL["fp16"]["l1"], what=f"sequence {i}")
-
 
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("cu_dtype", [torch.int32, torch.int64], ids=str)
