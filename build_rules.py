@@ -121,8 +121,14 @@ def _version(t: tuple[int, int]) -> str:
 
 
 def family_targets(targets: list[Target], family: str) -> list[Target]:
-    """The targets a family is compiled for: those at or above the oldest arch that has its instructions."""
-    floor = archs.version_tuple(archs.FAMILIES[family]["min_arch"])
+    """The targets a family is compiled for: those at or above the oldest arch that has its instructions, or, for
+    a family of arch-specific features ("only"), those archs alone, with the family's suffix and no PTX (sm_90a
+    code runs on sm_90 only, so PTX of it would serve no newer GPU)."""
+    info = archs.FAMILIES[family]
+    if "only" in info:
+        chosen = [Target(t.arch, info["suffix"]) for t in targets if t.arch in info["only"]]
+        return list(dict.fromkeys(chosen))
+    floor = archs.version_tuple(info["min_arch"])
     return [t for t in targets if archs.version_tuple(t.arch) >= floor]
 
 

@@ -21,9 +21,11 @@ import triton
 from torch.nn.attention import SDPBackend
 
 import sageattention
+from sageattention import dispatch
 from bench.workloads import attention_tops, sdpa_call
 from sageattention.core import sageattn_plan
 from sageattention.plan import Plan
+from sageattention.quant_groups import GRANULARITIES
 from sageattention.triton import attention, pipeline
 
 RESULTS = Path(__file__).parent / "results"
@@ -45,6 +47,21 @@ def long_shapes(quick: bool):
         yield dict(suite="b4h32", b=4, h=32, n=n, d=128, causal=False)
 
 
+def compiled_call(family: str, q, k, v, causal: bool):
+    """A compiled module's fused op (HND, per-thread scales, two-level fp32 P·V accumulation), called directly: how
+    the sm90 wgmma kernel is timed before dispatch uses it. Calling it raises where this build lacks the module."""
+    mod = dispatch.compiled_module(family)
+    per_thread, two_level, sm_scale = GRANULARITIES.index("per_thread"), 1, q.shape[-1] ** -0.5
+
+    def call():
+        if mod is None or not mod.runs_on_current_device():
+            raise RuntimeError(f"sageattention._C_{family} is not built for this GPU")
+        return mod.attention(q, k, v, False, causal, 0, sm_scale, per_thread, per_thread, two_level, True, False,
+                             False)
+
+    return call
+
+
 def methods(q, k, v, causal: bool, plan: Plan):
     qb, kb, vb = (t.to(torch.bfloat16) for t in (q, k, v))
     xq = pipeline.quantize(q, k, v, plan)
@@ -55,6 +72,8 @@ def methods(q, k, v, causal: bool, plan: Plan):
         "sage kernel": lambda: pipeline.attend(xq, plan, out, sm_scale=sm_scale, is_causal=causal),
         "sage per-thread e2e": lambda: sageattention.sageattn(q, k, v, is_causal=causal, qk_quant_gran="per_thread"),
         "sage fp16-PV e2e": lambda: sageattention.sageattn_qk_int8_pv_fp16_triton(q, k, v, is_causal=causal),
+        "sm89 mma.sync e2e": compiled_call("sm89", q, k, v, causal),
+        "sm90 wgmma e2e": compiled_call("sm90", q, k, v, causal),
         "sdpa flash bf16": sdpa_call(SDPBackend.FLASH_ATTENTION, qb, kb, vb, is_causal=causal),
         "sdpa cudnn bf16": sdpa_call(SDPBackend.CUDNN_ATTENTION, qb, kb, vb, is_causal=causal),
     }

@@ -411,20 +411,25 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(const AttentionP
   }
 }
 
+// Lets kKernel use `bytes` of dynamic shared memory where that is over the default 48 KB, once per device.
+template <auto kKernel>
+void raise_dynamic_smem(int bytes) {
+  if (bytes <= 48 * 1024) return;
+  static bool raised[64] = {};
+  int device = 0;
+  cudaGetDevice(&device);
+  if (device >= 64 || !raised[device]) {
+    cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (device < 64) raised[device] = true;
+  }
+}
+
 // Launches the kernel for head_dim D (the padded one) and the caller's dtype.
 template <int D, bool kFp8, typename T>
 void launch_attention(const AttentionParams& p, cudaStream_t stream) {
   using L = Tile<D, Shape<D>::kWarps, Shape<D>::kMTiles, kFp8, T>;
-  const auto kernel = attention_kernel<D, Shape<D>::kWarps, Shape<D>::kMTiles, kFp8, T>;
-  if constexpr (L::kSmem > 48 * 1024) {  // more than the default dynamic shared memory: raise it once per device
-    static bool raised[64] = {};
-    int device = 0;
-    cudaGetDevice(&device);
-    if (device >= 64 || !raised[device]) {
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kSmem);
-      if (device < 64) raised[device] = true;
-    }
-  }
+  constexpr auto kernel = attention_kernel<D, Shape<D>::kWarps, Shape<D>::kMTiles, kFp8, T>;
+  raise_dynamic_smem<kernel>(L::kSmem);
   const dim3 grid((p.nq + L::kRows - 1) / L::kRows, p.hq, p.batch);
   kernel<<<grid, L::kThreads, L::kSmem, stream>>>(p);
 }

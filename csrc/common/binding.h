@@ -200,9 +200,8 @@ inline std::vector<torch::Tensor> quantize(const torch::Tensor& q, const torch::
 }
 
 template <bool kPvFp8>
-void define_module(pybind11::module_& m) {
-  m.doc() = kPvFp8 ? "sageattention kernels: INT8 Q·K^T, FP8 P·V (mma.sync, sm89+)"
-                   : "sageattention kernels: INT8 Q·K^T, 16-bit P·V (mma.sync, sm80+)";
+void define_module(pybind11::module_& m, const char* doc) {
+  m.doc() = doc;
   m.def("attention", &attention<kPvFp8>, "quantize q, k, v and attend; returns [out, lse]");
   m.def("quantize", &quantize, "the quantized intermediates, for tests");
   m.def("runs_on_current_device", &sage::module_runs_on_current_device,

@@ -1,4 +1,7 @@
 // Python module sageattention._C_sm89: the shared binding (csrc/common/binding.h) over this family's kernels.
 #include "common/binding.h"
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { sage::binding::define_module<true>(m); }
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  sage::binding::define_module<true>(m,
+                                     "sageattention kernels: INT8 Q·K^T, FP8 P·V (mma.sync, sm89+)");
+}

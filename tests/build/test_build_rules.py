@@ -20,8 +20,8 @@ def nvcc(version: str, listing: str = NVCC_13_0[1]) -> tuple:
 
 @pytest.fixture
 def csrc(tmp_path):
-    """A source tree with both families' folders, a shared header and files the build must leave out."""
-    for family in ("sm80", "sm89"):
+    """A source tree with every family's folder, a shared header and files the build must leave out."""
+    for family in ("sm80", "sm89", "sm90"):
         folder = tmp_path / "csrc" / family
         folder.mkdir(parents=True)
         for name in ("bindings.cpp", "attention.cu", "prepare.cu", "tile.cuh", "notes.md"):
@@ -75,6 +75,7 @@ def test_mixed_list_9_0_and_12_0_builds_both_families_for_both_archs(csrc):
     found = flags_of(plan("9.0;12.0", *NVCC_13_0, root=csrc))
     expected = ["arch=compute_90,code=sm_90", "arch=compute_120,code=sm_120"]
     assert gencodes(found["sm80"]) == expected and gencodes(found["sm89"]) == expected
+    assert gencodes(found["sm90"]) == ["arch=compute_90a,code=sm_90a"]
 
 
 def test_each_family_gets_only_the_archs_that_have_its_instructions(csrc):
@@ -84,6 +85,7 @@ def test_each_family_gets_only_the_archs_that_have_its_instructions(csrc):
                                        "arch=compute_120,code=compute_120"]
     assert gencodes(found["sm89"]) == ["arch=compute_90a,code=sm_90a", "arch=compute_120,code=sm_120",
                                        "arch=compute_120,code=compute_120"]
+    assert gencodes(found["sm90"]) == ["arch=compute_90a,code=sm_90a"]
 
 
 def test_a_family_with_no_arch_in_the_list_is_not_built(csrc):
@@ -94,6 +96,13 @@ def test_family_targets_follow_archs_py_floors():
     targets = parse_arch_list("8.6;8.9;12.1")
     assert family_targets(targets, "sm80") == targets
     assert family_targets(targets, "sm89") == targets[1:]
+    assert family_targets(targets, "sm90") == []
+
+
+@pytest.mark.parametrize("text", ["9.0", "9.0a", "9.0+PTX", "9.0;9.0a+PTX;10.0;12.0"])
+def test_the_sm90_family_is_sm_90a_code_for_9_0_alone(text):
+    """wgmma and setmaxnreg exist only as sm_90a features: no other arch, and no PTX a newer GPU could JIT."""
+    assert family_targets(parse_arch_list(text), "sm90") == [Target("9.0", "a")]
 
 
 def test_nvcc_flags_are_explicit_and_without_fast_math(csrc):

@@ -33,8 +33,11 @@ def varlen_cases() -> None:
 
 
 def main() -> None:
-    for family in ("sm80", "sm89"):
-        mod = importlib.import_module(f"sageattention._C_{family}")
+    for family in ("sm80", "sm89", "sm90"):
+        try:
+            mod = importlib.import_module(f"sageattention._C_{family}")
+        except ImportError:  # sm90 is built only when the arch list names 9.0
+            continue
         if not mod.runs_on_current_device():
             continue
         for b, hq, hk, nq, nk, d, causal, nhd in CASES:

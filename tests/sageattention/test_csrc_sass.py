@@ -3,13 +3,14 @@
 No GPU and no torch headers needed: the kernel sources are torch-free (only csrc/<family>/bindings.cpp includes
 torch; the rehearsal builds the whole extension). Each (source, arch) is compiled once per session to a cubin.
 On sm_90 the e4m3 mma.sync has no native instruction: nvcc lowers it to f16 HMMA (which is why Hopper needs its
-own wgmma kernel); sm_89 and sm_120 run it as QMMA.
+own wgmma kernel); sm_89 and sm_120 run it as QMMA. The sm90 family is compiled for sm_90a alone.
 """
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,8 @@ CSRC = ROOT / "csrc"
 FLAGS = ["-std=c++17", "-O3", "-DSAGE_FP8_F16_ACCUM=1", f"-I{CSRC}"]
 IMMA = "IMMA.16832.S8.S8"
 QMMA_F32, QMMA_F16 = "QMMA.16832.F32.E4M3.E4M3", "QMMA.16832.F16.E4M3.E4M3"
+IGMMA = "IGMMA.64x128x32.S8.S8"
+HOPPER = ["UTMALDG.3D", "USETMAXREG.DEALLOC", "USETMAXREG.TRY_ALLOC"]
 # (family, source) -> {arch: instructions its SASS must hold}
 EXPECTED = {
     ("sm80", "attention_d64.cu"): {a: [IMMA, "HMMA.16816.F32", "HMMA.16816.F32.BF16", "HMMA.16816.F16"]
@@ -31,6 +34,11 @@ EXPECTED = {
     ("sm80", "prepare.cu"): {"80": ["F2FP.PACK_AB", "F2FP.BF16.PACK_AB"]},
     ("sm80", "family.cu"): {"80": [IMMA]},
     ("sm89", "family.cu"): {"89": [QMMA_F32]},
+    # sm_90a: warpgroup MMAs (IGMMA s8, QGMMA e4m3), bulk tensor copies, the registers handed between warpgroups
+    ("sm90", "attention_d64.cu"): {"90a": [IGMMA, "QGMMA.64x64x32.F32.E4M3.E4M3", *HOPPER]},
+    ("sm90", "attention_d128.cu"): {"90a": [IGMMA, "QGMMA.64x128x32.F32.E4M3.E4M3", *HOPPER]},
+    ("sm90", "prepare.cu"): {"90a": ["F2FP.SATFINITE.E4M3.F32"]},
+    ("sm90", "family.cu"): {"90a": [IGMMA]},
 }
 CASES = [(family, source, arch) for (family, source), archs in sorted(EXPECTED.items()) for arch in archs]
 
@@ -92,3 +100,11 @@ def test_only_the_bindings_include_torch():
         if path.suffix in (".cu", ".cuh", ".h", ".cpp"):
             includes_torch = "torch/extension.h" in path.read_text() or "<ATen/" in path.read_text()
             assert includes_torch == (path.name in ("binding.h",)), f"{path.relative_to(ROOT)}"
+
+
+def test_generated_wgmma_header_is_current(tmp_path):
+    """csrc/sm90/wgmma_ops.cuh is what csrc/sm90/gen_wgmma.py writes (edit the generator, not the header)."""
+    fresh = tmp_path / "wgmma_ops.cuh"
+    subprocess.run([sys.executable, str(CSRC / "sm90" / "gen_wgmma.py"), str(fresh)], check=True)
+    assert fresh.read_text() == (CSRC / "sm90" / "wgmma_ops.cuh").read_text(), \
+        "wgmma_ops.cuh is stale: rerun csrc/sm90/gen_wgmma.py and commit it"

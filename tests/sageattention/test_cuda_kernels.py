@@ -1,4 +1,4 @@
-"""The compiled kernels (csrc/, modules sageattention._C_sm80 and _C_sm89) against the reference, on a GPU.
+"""The compiled kernels (csrc/, modules sageattention._C_sm80, _C_sm89 and _C_sm90) against the reference, on a GPU.
 
 Kernel level: the modules are called directly, so these tests pin what each kernel computes; test_gpu.py checks
 the public functions on top of them. Every output is allocated by the module from memory that was filled with NaN
@@ -67,7 +67,7 @@ def reference_of(q, k, v, layout, *, fp8, causal=False, gran="per_thread", accum
     return to_hnd(out, layout), lse
 
 
-FAMILIES = [("sm80", False), ("sm89", True)]
+FAMILIES = [("sm80", False), ("sm89", True), ("sm90", True)]
 TOL = {False: dict(cos=0.9995, rel_l1=0.03), True: dict(cos=0.999, rel_l1=0.05)}  # vs fp32 SDPA
 # vs the quantized reference: FP8 P is rounded against the running row max in the kernel and the final one in the
 # reference, so FP8 kernels differ from it at FP8-noise level

@@ -1,0 +1,248 @@
+// The sm90 attention kernel (sm_90a): INT8 Q·K^T and FP8 e4m3 P·V on warpgroup MMAs, K/V tiles by the bulk tensor
+// copy engine, producer/consumer warp specialization.
+//
+// A program owns 128 query rows of one head and three warpgroups: warpgroup 0 is the producer (one thread issues
+// the copies of Q once and of K and V^T tiles of 128 keys into a ring of kStages shared-memory stages; the
+// warpgroup gives its registers up), warpgroups 1 and 2 are consumers of 64 rows each. Per tile a consumer runs
+// S = Q·K^T (wgmma m64n128k32 s8, both operands in shared memory), the online softmax on S in registers, then
+// O += P·V (wgmma m64nDk32 e4m3, P from registers, V^T in shared memory), and frees the stage.
+// The accumulator layout per warp is that of mma.sync m16n8 (rows g and g + 8 of the warp's 16, columns 2t, 2t + 1
+// of every 8-column slice) and the 8-bit A-register layout that of mma.sync m16n8k32, so prepare()'s quantization
+// groups and FP8 key order (fp8_key_slot) serve this kernel unchanged (csrc/common/attention.cuh explains them).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "common/attention.cuh"
+#include "sm90/hopper.cuh"
+#include "sm90/wgmma_ops.cuh"
+
+namespace sage::sm90 {
+
+constexpr int kRows = 128;        // query rows per program
+constexpr int kKeys = 128;        // keys per tile
+constexpr int kThreads = 384;     // producer warpgroup + two consumer warpgroups
+constexpr int kProducerRegs = 40, kConsumerRegs = 232;  // 128 * 40 + 256 * 232 <= 64 K registers
+
+template <int D>
+struct Layout {
+  static constexpr int kStages = 2;
+  static constexpr int kQBytes = kRows * D;
+  static constexpr int kKBytes = kKeys * D;
+  static constexpr int kVBytes = D * kKeys;
+  // each region starts 1024-aligned: a swizzle atom's pattern follows its address bits
+  static constexpr int kQOff = 0;
+  static constexpr int kKOff = kQOff + kQBytes;
+  static constexpr int kVOff = kKOff + kStages * kKBytes;
+  static constexpr int kBarOff = kVOff + kStages * kVBytes;
+  static constexpr int kSmem = kBarOff + 1024 + 1024;  // barriers, and slack to align the dynamic base to 1024
+};
+
+// P·V of one tile: P (e4m3, packed from the softmax's x) times the stage's V^T, into o (fp32) directly or through a
+// tile accumulator (two-level).
+template <int D>
+__device__ __forceinline__ void pv_tile(const float (&x)[16][4], uint32_t v_smem, bool two_level, float (&o)[D / 2]) {
+  uint32_t a[4][4];
+#pragma unroll
+  for (int s = 0; s < 4; ++s) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {  // A register i: row g (i even) or g + 8 (i odd), first or second 16 keys (i / 2)
+      const int j = 4 * s + 2 * (i / 2), e = 2 * (i % 2);
+      a[s][i] = ptx::e4m3x2(x[j][e] * kPScale, x[j][e + 1] * kPScale) |
+                (ptx::e4m3x2(x[j + 1][e] * kPScale, x[j + 1][e + 1] * kPScale) << 16);
+    }
+  }
+  auto mma = [&](float (&d)[D / 2], int s, bool accumulate) {
+    const uint64_t desc = smem_desc<128>(v_smem + 32 * s);
+    if constexpr (D == 128) wgmma_e4m3_m64n128k32(d, a[s], desc, accumulate);
+    else wgmma_e4m3_m64n64k32(d, a[s], desc, accumulate);
+  };
+  if (two_level) {
+    float acc[D / 2];
+    wgmma_fence();
+#pragma unroll
+    for (int s = 0; s < 4; ++s) mma(acc, s, s > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) o[i] += acc[i];
+  } else {
+    wgmma_fence();
+#pragma unroll
+    for (int s = 0; s < 4; ++s) mma(o, s, true);
+    wgmma_commit();
+    wgmma_wait<0>();
+  }
+}
+
+template <int D, typename T>
+__global__ void __launch_bounds__(kThreads, 1)
+    attention_sm90_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
+                          const __grid_constant__ CUtensorMap v_map, const AttentionParams p) {
+  using L = Layout<D>;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* const smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint64_t* const full = reinterpret_cast<uint64_t*>(smem + L::kBarOff);  // stage s holds tile data
+  uint64_t* const empty = full + L::kStages;                              // stage s may be overwritten
+  uint64_t* const q_full = empty + L::kStages;
+
+  const int n_qblocks = (p.nq + kRows - 1) / kRows;
+  const int qblock = p.causal ? n_qblocks - 1 - blockIdx.x : blockIdx.x;  // longest causal programs first
+  const int h = blockIdx.y, b = blockIdx.z, hk = h / (p.hq / p.hk);
+  const int row0 = qblock * kRows;
+  int n_tiles = (p.nk + kKeys - 1) / kKeys;
+  if (p.causal) {
+    const int last_key = row0 + kRows - 1 + p.causal_offset;  // the last key any row of the program sees
+    n_tiles = last_key < 0 ? 0 : min(n_tiles, last_key / kKeys + 1);
+  }
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < L::kStages; ++s) mbar_init(&full[s], 1), mbar_init(&empty[s], 2 * 128);
+    mbar_init(q_full, 1);
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  const int wg = threadIdx.x / 128;
+  if (wg == 0) {  // producer
+    regs_dec<kProducerRegs>();
+    if (threadIdx.x != 0) return;
+    mbar_arrive_expect_tx(q_full, L::kQBytes);
+    tma_load_3d(smem + L::kQOff, &q_map, 0, row0, b * p.hq + h, q_full);
+    for (int tile = 0; tile < n_tiles; ++tile) {
+      const int s = tile % L::kStages, round = tile / L::kStages;
+      if (round > 0) mbar_wait(&empty[s], (round - 1) & 1);
+      mbar_arrive_expect_tx(&full[s], L::kKBytes + L::kVBytes);
+      tma_load_3d(smem + L::kKOff + s * L::kKBytes, &k_map, 0, tile * kKeys, b * p.hk + hk, &full[s]);
+      tma_load_3d(smem + L::kVOff + s * L::kVBytes, &v_map, tile * kKeys, 0, b * p.hk + hk, &full[s]);
+    }
+    return;
+  }
+
+  regs_inc<kConsumerRegs>();
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int wrow = (wg - 1) * 64 + (threadIdx.x % 128) / 32 * 16 + g;  // this lane's rows: wrow and wrow + 8
+  const int64_t q_head = static_cast<int64_t>(b) * p.hq + h, k_head = static_cast<int64_t>(b) * p.hk + hk;
+  float qs[2], m[2], l[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    qs[i] = p.q_scale[q_head * p.nq_pad + row0 + wrow + 8 * i] * p.scale_log2;
+    m[i] = -INFINITY, l[i] = 0.f;
+  }
+  float o[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+  const bool two_level = p.pv_accum != kAccF32;
+  const uint32_t q_smem = ptx::smem_addr(smem + L::kQOff + (wg - 1) * 64 * D);
+  mbar_wait(q_full, 0);
+
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    const int s = tile % L::kStages;
+    const int key0 = tile * kKeys;
+    // K scales of the tile's two 64-key quantization periods (keys past nk_pad are masked below)
+    float ks[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int key = key0 + 64 * half + 2 * t;
+      ks[half] = key < p.nk_pad ? p.k_scale[k_head * p.nk_pad + key] : 0.f;
+    }
+    mbar_wait(&full[s], (tile / L::kStages) & 1);
+
+    int sc[64];
+    const uint32_t k_smem = ptx::smem_addr(smem + L::kKOff + s * L::kKBytes);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 32; ++kk)
+      wgmma_s8_m64n128k32(sc, smem_desc<D>(q_smem + 32 * kk), smem_desc<D>(k_smem + 32 * kk), kk > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+
+    // scores in log2 units, masked; online softmax per row (a row's 128 scores live in the 4 lanes of a quad)
+    const bool needs_mask = key0 + kKeys > p.nk || (p.causal && key0 + kKeys - 1 > row0 + wrow - g + p.causal_offset);
+    float x[16][4];
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float v = static_cast<float>(sc[4 * j + e]) * (qs[e / 2] * ks[j / 8]);
+        if (needs_mask) {
+          const int key = key0 + 8 * j + 2 * t + (e & 1), row = row0 + wrow + 8 * (e / 2);
+          if (key >= p.nk || (p.causal && key > row + p.causal_offset)) v = -INFINITY;
+        }
+        x[j][e] = v;
+        mx[e / 2] = fmaxf(mx[e / 2], v);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+#pragma unroll
+      for (int off = 1; off < 4; off *= 2) mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], off));
+      const float new_m = fmaxf(m[i], mx[i]);
+      const float base = new_m == -INFINITY ? 0.f : new_m;  // rows with only masked keys so far: exp2 gives 0
+      const float alpha = exp2_approx(m[i] - base);
+      m[i] = new_m;
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        x[j][2 * i] = exp2_approx(x[j][2 * i] - base);
+        x[j][2 * i + 1] = exp2_approx(x[j][2 * i + 1] - base);
+        sum += x[j][2 * i] + x[j][2 * i + 1];
+      }
+      l[i] = l[i] * alpha + sum;
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) o[4 * n + 2 * i] *= alpha, o[4 * n + 2 * i + 1] *= alpha;
+    }
+
+    pv_tile<D>(x, ptx::smem_addr(smem + L::kVOff + s * L::kVBytes), two_level, o);
+    mbar_arrive(&empty[s]);  // this thread's MMAs of the stage have completed
+  }
+
+  // epilogue: normalize, undo the V scale and mean, store rows < nq and columns < d in the caller's layout
+  T* out = static_cast<T*>(p.out) + b * p.o_sb + h * p.o_sh;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float sum = l[i];
+#pragma unroll
+    for (int off = 1; off < 4; off *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    const int row = row0 + wrow + 8 * i;
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;  // rows without keys: 0 (and LSE -inf)
+    if (row >= p.nq) continue;
+    const float bound = p.v_max * kPScale;  // exact attention stays within V's range: see attention.cuh
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      const int c = n * 8 + 2 * t;
+      if (c >= p.d) continue;
+      float y0 = clamp_keep_nan(o[4 * n + 2 * i] * inv, bound) * (p.v_scale[k_head * D + c] / kPScale);
+      float y1 = clamp_keep_nan(o[4 * n + 2 * i + 1] * inv, bound) * (p.v_scale[k_head * D + c + 1] / kPScale);
+      if (p.v_mean != nullptr && sum > 0.f) y0 += p.v_mean[k_head * D + c], y1 += p.v_mean[k_head * D + c + 1];
+      store2<T>(out + row * p.o_sn + c, y0, y1, c + 1 < p.d);
+    }
+    if (p.lse != nullptr && t == 0)
+      p.lse[q_head * p.nq + row] = sum > 0.f ? (m[i] + __log2f(sum)) * kLn2 : -INFINITY;
+  }
+}
+
+// The tensor maps of a call (family.cu builds them): INT8 Q [B * Hq, nq_pad, D] and K [B * Hk, nk_pad, D] in boxes
+// of 128 rows, FP8 V^T [B * Hk, D, nk_pad] in boxes of 128 keys; innermost dimension first, as the copy engine
+// numbers them.
+struct TensorMaps {
+  CUtensorMap q, k, v;
+};
+
+template <int D, typename T>
+void launch_attention_sm90(const TensorMaps& maps, const AttentionParams& p, cudaStream_t stream) {
+  constexpr auto kernel = attention_sm90_kernel<D, T>;
+  raise_dynamic_smem<kernel>(Layout<D>::kSmem);
+  const dim3 grid((p.nq + kRows - 1) / kRows, p.hq, p.batch);
+  kernel<<<grid, kThreads, Layout<D>::kSmem, stream>>>(maps.q, maps.k, maps.v, p);
+}
+
+// One instantiation per padded head_dim (attention_d64.cu, attention_d128.cu).
+template <int D>
+void run_attention_sm90(const TensorMaps& maps, const AttentionParams& p, DType dtype, cudaStream_t stream) {
+  if (dtype == kBF16) launch_attention_sm90<D, __nv_bfloat16>(maps, p, stream);
+  else launch_attention_sm90<D, half>(maps, p, stream);
+}
+
+}  // namespace sage::sm90

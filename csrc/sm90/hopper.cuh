@@ -1,0 +1,72 @@
+// Hopper (sm_90a) primitives of the sm90 attention kernel, as inline PTX (PTX ISA 8.0): shared-memory matrix
+// descriptors and wgmma ordering, mbarriers, bulk tensor copies (TMA) and register reallocation.
+#pragma once
+#include <cstdint>
+
+#include <cuda.h>  // CUtensorMap (a type only: nothing links libcuda)
+
+#include "common/ptx.cuh"
+
+namespace sage::sm90 {
+
+// Matrix descriptor of a K-major tile whose rows are `row_bytes` (64 or 128) long and swizzled at that width, as
+// the bulk tensor copy writes it (one 8-row atom = 8 * row_bytes bytes, atoms contiguous). Start address, leading
+// byte offset (unused for swizzled K-major tiles: 1), stride byte offset = one atom, all in 16-byte units; swizzle
+// mode in bits 62-63 (1: 128 B, 2: 64 B). Stepping along K by 32 bytes adds 2 to the start address.
+template <int kRowBytes>
+__device__ __forceinline__ uint64_t smem_desc(uint32_t addr) {
+  static_assert(kRowBytes == 64 || kRowBytes == 128, "rows of 64 or 128 bytes");
+  constexpr uint64_t kSwizzle = kRowBytes == 128 ? 1 : 2;
+  return static_cast<uint64_t>((addr & 0x3ffff) >> 4) | (1ull << 16) |
+         (static_cast<uint64_t>((8 * kRowBytes) >> 4) << 32) | (kSwizzle << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Registers handed between the warpgroups (the count must be a multiple of 8 in [24, 256]).
+template <int kRegs>
+__device__ __forceinline__ void regs_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs)); }
+template <int kRegs>
+__device__ __forceinline__ void regs_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs)); }
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(ptx::smem_addr(bar)), "r"(count));
+}
+// The initialized barriers, visible to the copy engine (the async proxy) before its first complete_tx.
+__device__ __forceinline__ void mbar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(ptx::smem_addr(bar)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(ptx::smem_addr(bar)) : "memory");
+}
+// Blocks until the barrier's phase of parity `parity` has completed.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n}\n" ::"r"(ptx::smem_addr(bar)), "r"(parity)
+      : "memory");
+}
+
+// A 3-D box of the tensor map at (c0, c1, c2) into shared memory; completes `bytes` on the barrier. Elements outside
+// the tensor arrive as zeros.
+__device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, int c0, int c1, int c2, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
+      ::"r"(ptx::smem_addr(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2),
+      "r"(ptx::smem_addr(bar))
+      : "memory");
+}
+
+}  // namespace sage::sm90
