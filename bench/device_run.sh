@@ -2,8 +2,11 @@
 # One device call: environment, GPU tests, correctness pass, parallel compile (bench.warm), benchmark. Logs and
 # results land in $OUT.
 # usage: bash bench/device_run.sh [quick|full|tests] [pytest args...]   (tests: GPU tests and correctness pass only)
+#        bash bench/device_run.sh suite [pytest args...]   (every test, GPU-marked or not, on the GPU; default: the
+#        sageattention and sageattn3 tests, 12 workers)
 #        bash bench/device_run.sh models [bench.models args...]   (the real-model benchmark only; default arguments:
 #        --first-call --spread 3)
+# pytest is interrupted (SIGINT) at PYTEST_LIMIT seconds (default 450) so that it still names its failures.
 # The compiled kernels are built in place first (TORCH_CUDA_ARCH_LIST = this GPU; ninja keeps later calls incremental).
 set -o pipefail
 mode=${1:-quick}; shift || true
@@ -19,7 +22,17 @@ if [ "$mode" = models ]; then
   python3 -m bench.models --out "$OUT" "$@" 2>&1 | tee "$OUT/models.log"
   exit
 fi
-if [ "$#" -gt 0 ]; then python3 -m pytest -m gpu -q -p no:cacheprovider "$@" 2>&1 | tee "$OUT/pytest_gpu.log"; fi
+pytest_named() {  # pytest, then its failures and totals from the log (the log keeps every test's line)
+  timeout -s INT -k 30 "${PYTEST_LIMIT:-450}" python3 -m pytest -v -rfE --tb=line -p no:cacheprovider "$@" \
+    >"$OUT/pytest.log" 2>&1
+  grep -E "^(FAILED|ERROR) |[0-9]+ (passed|failed)" "$OUT/pytest.log" | tail -80
+}
+if [ "$mode" = suite ]; then
+  [ "$#" -gt 0 ] || set -- -n 12 tests/sageattention sageattention3_blackwell/tests
+  pytest_named "$@"
+  exit
+fi
+if [ "$#" -gt 0 ]; then pytest_named -m gpu "$@"; fi
 python3 -m bench.gpu_check 2>&1 | tee "$OUT/gpu_check.log"
 [ "$mode" = quick ] && python3 -m bench.profile 2>&1 | tee "$OUT/profile.log"
 case "$mode" in
