@@ -140,3 +140,22 @@ def test_quantize_v_fp8_per_channel():
     torch.testing.assert_close(scale, v.float().abs().amax(dim=2) / 448)
     deq = v8.float() * scale[:, :, None, :]
     assert ((deq - v.float()).abs() <= v.float().abs() / 16 + scale[:, :, None, :] / 512).all()
+
+
+@pytest.mark.parametrize("gran", GRANULARITIES)
+def test_compiled_groups_fit_the_mma_fragments(gran):
+    """What the compiled kernels (mma.sync m16n8k32 and wgmma m64nNk32 alike) assume of their quantization groups:
+    the rows g and g + 8 of each 16-row band that one lane holds share a Q scale, and the keys 8j + 2t + {0, 1}
+    (j = 0..7) that one lane holds of each 64 keys share a K scale, so a lane dequantizes a 64-key slice with one
+    Q·K scale product per row (a 128-key wgmma tile: one per 64-key half)."""
+    n = 256
+    x = (torch.ones(1, 1, n, 16) * torch.arange(1, n + 1, dtype=torch.float32)[None, None, :, None]).half()
+    for grouping, members in (
+        (q_grouping(gran, compiled=True), [[band + g, band + g + 8] for band in range(0, n, 16) for g in range(8)]),
+        (k_grouping(gran, compiled=True),
+         [[h + 8 * j + 2 * t + e for j in range(8) for e in range(2)] for h in range(0, n, 64) for t in range(4)]),
+    ):
+        _, scale = reference.quantize_int8(x, grouping)
+        tok = reference.expand_groups(scale, grouping, n)[0, 0]
+        for rows in members:
+            assert (tok[rows] == tok[rows[0]]).all(), (gran, rows)
