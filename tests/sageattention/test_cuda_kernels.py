@@ -207,6 +207,31 @@ def test_pv8_f16_accumulator_flag_is_reported():
     assert isinstance(mod.FP8_F16_ACCUM, bool)
 
 
+@pytest.mark.parametrize("family, fp8", FAMILIES)
+@pytest.mark.parametrize("d", [64, 128])
+def test_each_query_finds_its_key(family, fp8, d):
+    """A diagnostic of the tile addressing: query i equals key sigma(i) (random +-1 vectors, so its score d stands far
+    above the others' ~sqrt(d)), softmax is then an argmax, and V spells each key's index in bits (channel c holds
+    bit c % 9 as +-1, exact in e4m3). Each output row must spell sigma(i); a wrong Q, K or V^T layout (swizzle,
+    descriptor, key order, channel order) shows as the rows that name another key."""
+    mod = module(family)
+    nq, nk = 200, 333
+    gen = torch.Generator().manual_seed(d)
+    k = torch.randint(0, 2, (1, 2, nk, d), generator=gen).float() * 2 - 1
+    sigma = (torch.arange(nq) * 37) % nk
+    q = k[:, :, sigma]
+    bits = torch.arange(d) % 9
+    v = ((torch.arange(nk)[:, None] >> bits[None, :]) & 1).float() * 2 - 1
+    v = v.expand(1, 2, nk, d)
+    q, k, v = (t.half().cuda() for t in (q, k, v))
+    out, _ = run(mod, q, k, v, "HND", smooth_k=False, sm_scale=1.0)
+    groups = d // 9
+    spelled = ((out.float().cpu() > 0).long() << bits)[..., :groups * 9].view(1, 2, nq, groups, 9).sum(-1)
+    wrong = (spelled != sigma[None, None, :, None]).any(-1)  # any whole 9-channel group spelling another key
+    assert not wrong.any(), (f"{family} d={d}: {wrong.sum().item()} of {wrong.numel()} rows found another key, e.g. "
+                             f"(head, row, want, got) {[(h, r, sigma[r].item(), spelled[0, h, r, 0].item()) for h, r in wrong[0].nonzero().tolist()[:6]]}")
+
+
 def test_memcheck_clean_on_small_odd_shapes():
     """compute-sanitizer finds no out-of-bounds or misaligned access on odd lengths, head dims, GQA, layouts."""
     module("sm80")
