@@ -209,6 +209,73 @@ __device__ __forceinline__ void pv_fp8(const float (&x)[kMT][8][4], uint32_t v_b
       for (int e = 0; e < 4; ++e) o[mt][n][e] += acc[mt][n][e];
 }
 
+// A score in log2 units: the INT8 dot product times its scale; -inf for a key past the end or above the causal
+// diagonal (only tiles that reach either are checked).
+__device__ __forceinline__ float masked_score(int dot, float scale, int key, int row, bool needs_mask,
+                                              const AttentionParams& p) {
+  if (needs_mask && (key >= p.nk || (p.causal && key > row + p.causal_offset))) return -INFINITY;
+  return static_cast<float>(dot) * scale;
+}
+
+// One online-softmax step for a lane's two rows (g and g + 8) over J 8-key slices of a tile, the 4 lanes of a quad
+// holding a row between them: x (scores in log2 units) becomes P = exp2(x - max); m and l are the rows' running max
+// and sum; alpha is the factor that rescales what was accumulated before this tile.
+template <int J>
+__device__ __forceinline__ void softmax_step(float (&x)[J][4], float (&m)[2], float (&l)[2], float (&alpha)[2]) {
+  float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int j = 0; j < J; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) mx[e / 2] = fmaxf(mx[e / 2], x[j][e]);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+#pragma unroll
+    for (int off = 1; off < 4; off *= 2) mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], off));
+    const float new_m = fmaxf(m[i], mx[i]);
+    // a row that has seen only masked keys keeps max -inf; subtract 0 there so exp2 gives 0, not NaN
+    const float base = new_m == -INFINITY ? 0.f : new_m;
+    alpha[i] = exp2_approx(m[i] - base);
+    m[i] = new_m;
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      x[j][2 * i] = exp2_approx(x[j][2 * i] - base);
+      x[j][2 * i + 1] = exp2_approx(x[j][2 * i + 1] - base);
+      sum += x[j][2 * i] + x[j][2 * i + 1];
+    }
+    l[i] = l[i] * alpha[i] + sum;
+  }
+}
+
+__device__ __forceinline__ float quad_sum(float x) {
+#pragma unroll
+  for (int off = 1; off < 4; off *= 2) x += __shfl_xor_sync(0xffffffffu, x, off);
+  return x;
+}
+
+// Channels c, c + 1 of an output row from their accumulators a0, a1 and the row's 1 / sum: FP8 P·V undoes the V
+// scale, V smoothing adds its mean back (rows that saw keys), and the pair lands in the caller's dtype.
+template <bool kFp8, int D, typename T>
+__device__ __forceinline__ void store_output_pair(const AttentionParams& p, T* dst, int64_t k_head, int c, float a0,
+                                                  float a1, float inv, bool has_keys) {
+  float y0 = a0 * inv, y1 = a1 * inv;
+  if constexpr (kFp8) {
+    // Exact attention is a weighted mean of V, so |out| <= v_max quantized units per channel; e4m3's rounding of P
+    // (up to 1/16) can carry the quantized mean past that, to inf in fp16 for |V| near 65504. Clamping to the bound
+    // only moves it toward the exact value.
+    const float bound = p.v_max * kPScale;
+    y0 = clamp_keep_nan(y0, bound) * (p.v_scale[k_head * D + c] / kPScale);
+    y1 = clamp_keep_nan(y1, bound) * (p.v_scale[k_head * D + c + 1] / kPScale);
+  }
+  if (p.v_mean != nullptr && has_keys) y0 += p.v_mean[k_head * D + c], y1 += p.v_mean[k_head * D + c + 1];
+  store2<T>(dst, y0, y1, c + 1 < p.d);
+}
+
+// The natural-log LSE of a row from its running max (log2 units) and sum; -inf for a row without keys.
+__device__ __forceinline__ float row_lse(float m, float sum) {
+  return sum > 0.f ? (m + __log2f(sum)) * kLn2 : -INFINITY;
+}
+
 // kFp8: P·V in e4m3 with V^T from prepare(); else 16-bit P·V in T (V's dtype). T is also the output's dtype.
 // A warp owns kMT m16 tiles (16 * kMT query rows): K and V fragments loaded once serve all of them.
 template <int D, int kWarps, int kMT, bool kFp8, typename T>
@@ -335,40 +402,18 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(const AttentionP
     float x[kMT][8][4];
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
-      float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
+      for (int j = 0; j < 8; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float v = static_cast<float>(s[mt][j][e]) * (qs[mt][e / 2] * ks);
-          if (needs_mask) {
-            const int key = key0 + j * 8 + 2 * t + (e & 1), row = warp_row + 16 * mt + 8 * (e / 2);
-            if (key >= p.nk || (p.causal && key > row + p.causal_offset)) v = -INFINITY;
-          }
-          x[mt][j][e] = v;
-          mx[e / 2] = fmaxf(mx[e / 2], v);
-        }
-      }
+        for (int e = 0; e < 4; ++e)
+          x[mt][j][e] = masked_score(s[mt][j][e], qs[mt][e / 2] * ks, key0 + j * 8 + 2 * t + (e & 1),
+                                     warp_row + 16 * mt + 8 * (e / 2), needs_mask, p);
+      float alpha[2];
+      softmax_step<8>(x[mt], m[mt], l[mt], alpha);
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
+      for (int n = 0; n < D / 8; ++n)
 #pragma unroll
-        for (int off = 1; off < 4; off *= 2) mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], off));
-        const float new_m = fmaxf(m[mt][i], mx[i]);
-        // a row that has seen only masked keys keeps max -inf; subtract 0 there so exp2 gives 0, not NaN
-        const float base = new_m == -INFINITY ? 0.f : new_m;
-        const float alpha = exp2_approx(m[mt][i] - base);
-        m[mt][i] = new_m;
-        float sum = 0.f;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          x[mt][j][2 * i] = exp2_approx(x[mt][j][2 * i] - base);
-          x[mt][j][2 * i + 1] = exp2_approx(x[mt][j][2 * i + 1] - base);
-          sum += x[mt][j][2 * i] + x[mt][j][2 * i + 1];
-        }
-        l[mt][i] = l[mt][i] * alpha + sum;
-#pragma unroll
-        for (int n = 0; n < D / 8; ++n) o[mt][n][2 * i] *= alpha, o[mt][n][2 * i + 1] *= alpha;
-      }
+        for (int e = 0; e < 4; ++e) o[mt][n][e] *= alpha[e / 2];
     }
 
     const uint32_t v_base = ptx::smem_addr(v_smem + (tile & 1) * L::kVBytes);
@@ -382,31 +427,18 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(const AttentionP
   for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      float sum = l[mt][i];
-#pragma unroll
-      for (int off = 1; off < 4; off *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+      const float sum = quad_sum(l[mt][i]);
       const int row = warp_row + 16 * mt + 8 * i;
       const float inv = sum > 0.f ? 1.f / sum : 0.f;  // rows without keys: 0 (and LSE -inf)
-      if (row < p.nq) {
+      if (row >= p.nq) continue;
 #pragma unroll
-        for (int n = 0; n < D / 8; ++n) {
-          const int c = n * 8 + 2 * t;
-          if (c >= p.d) continue;
-          float y0 = o[mt][n][2 * i] * inv, y1 = o[mt][n][2 * i + 1] * inv, add0 = 0.f, add1 = 0.f;
-          if constexpr (kFp8) {
-            // Exact attention is a weighted mean of V, so |out| <= v_max quantized units per channel; e4m3's rounding
-            // of P (up to 1/16) can carry the quantized mean past that, to inf in fp16 for |V| near 65504. Clamping to
-            // the bound only moves it toward the exact value.
-            const float bound = p.v_max * kPScale;
-            y0 = clamp_keep_nan(y0, bound) * (p.v_scale[k_head * D + c] / kPScale);
-            y1 = clamp_keep_nan(y1, bound) * (p.v_scale[k_head * D + c + 1] / kPScale);
-          }
-          if (p.v_mean != nullptr && sum > 0.f) add0 = p.v_mean[k_head * D + c], add1 = p.v_mean[k_head * D + c + 1];
-          store2<T>(out + row * p.o_sn + c, y0 + add0, y1 + add1, c + 1 < p.d);
-        }
-        if (p.lse != nullptr && t == 0)
-          p.lse[q_head * p.nq + row] = sum > 0.f ? (m[mt][i] + __log2f(sum)) * kLn2 : -INFINITY;
+      for (int n = 0; n < D / 8; ++n) {
+        const int c = n * 8 + 2 * t;
+        if (c < p.d)
+          store_output_pair<kFp8, D, T>(p, out + row * p.o_sn + c, k_head, c, o[mt][n][2 * i], o[mt][n][2 * i + 1],
+                                        inv, sum > 0.f);
       }
+      if (p.lse != nullptr && t == 0) p.lse[q_head * p.nq + row] = row_lse(m[mt][i], sum);
     }
   }
 }

@@ -160,39 +160,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     // scores in log2 units, masked; online softmax per row (a row's 128 scores live in the 4 lanes of a quad)
     const bool needs_mask = key0 + kKeys > p.nk || (p.causal && key0 + kKeys - 1 > row0 + wrow - g + p.causal_offset);
     float x[16][4];
-    float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
+    for (int j = 0; j < 16; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float v = static_cast<float>(sc[4 * j + e]) * (qs[e / 2] * ks[j / 8]);
-        if (needs_mask) {
-          const int key = key0 + 8 * j + 2 * t + (e & 1), row = row0 + wrow + 8 * (e / 2);
-          if (key >= p.nk || (p.causal && key > row + p.causal_offset)) v = -INFINITY;
-        }
-        x[j][e] = v;
-        mx[e / 2] = fmaxf(mx[e / 2], v);
-      }
-    }
+      for (int e = 0; e < 4; ++e)
+        x[j][e] = masked_score(sc[4 * j + e], qs[e / 2] * ks[j / 8], key0 + 8 * j + 2 * t + (e & 1),
+                               row0 + wrow + 8 * (e / 2), needs_mask, p);
+    float alpha[2];
+    softmax_step<16>(x, m, l, alpha);
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-#pragma unroll
-      for (int off = 1; off < 4; off *= 2) mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], off));
-      const float new_m = fmaxf(m[i], mx[i]);
-      const float base = new_m == -INFINITY ? 0.f : new_m;  // rows with only masked keys so far: exp2 gives 0
-      const float alpha = exp2_approx(m[i] - base);
-      m[i] = new_m;
-      float sum = 0.f;
-#pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        x[j][2 * i] = exp2_approx(x[j][2 * i] - base);
-        x[j][2 * i + 1] = exp2_approx(x[j][2 * i + 1] - base);
-        sum += x[j][2 * i] + x[j][2 * i + 1];
-      }
-      l[i] = l[i] * alpha + sum;
-#pragma unroll
-      for (int n = 0; n < D / 8; ++n) o[4 * n + 2 * i] *= alpha, o[4 * n + 2 * i + 1] *= alpha;
-    }
+    for (int i = 0; i < D / 2; ++i) o[i] *= alpha[(i % 4) / 2];
 
     pv_tile<D>(x, ptx::smem_addr(smem + L::kVOff + s * L::kVBytes), two_level, o);
     mbar_arrive(&empty[s]);  // this thread's MMAs of the stage have completed
@@ -202,24 +179,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   T* out = static_cast<T*>(p.out) + b * p.o_sb + h * p.o_sh;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    float sum = l[i];
-#pragma unroll
-    for (int off = 1; off < 4; off *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    const float sum = quad_sum(l[i]);
     const int row = row0 + wrow + 8 * i;
     const float inv = sum > 0.f ? 1.f / sum : 0.f;  // rows without keys: 0 (and LSE -inf)
     if (row >= p.nq) continue;
-    const float bound = p.v_max * kPScale;  // exact attention stays within V's range: see attention.cuh
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) {
       const int c = n * 8 + 2 * t;
-      if (c >= p.d) continue;
-      float y0 = clamp_keep_nan(o[4 * n + 2 * i] * inv, bound) * (p.v_scale[k_head * D + c] / kPScale);
-      float y1 = clamp_keep_nan(o[4 * n + 2 * i + 1] * inv, bound) * (p.v_scale[k_head * D + c + 1] / kPScale);
-      if (p.v_mean != nullptr && sum > 0.f) y0 += p.v_mean[k_head * D + c], y1 += p.v_mean[k_head * D + c + 1];
-      store2<T>(out + row * p.o_sn + c, y0, y1, c + 1 < p.d);
+      if (c < p.d)
+        store_output_pair<true, D, T>(p, out + row * p.o_sn + c, k_head, c, o[4 * n + 2 * i], o[4 * n + 2 * i + 1],
+                                      inv, sum > 0.f);
     }
-    if (p.lse != nullptr && t == 0)
-      p.lse[q_head * p.nq + row] = sum > 0.f ? (m[i] + __log2f(sum)) * kLn2 : -INFINITY;
+    if (p.lse != nullptr && t == 0) p.lse[q_head * p.nq + row] = row_lse(m[i], sum);
   }
 }
 
