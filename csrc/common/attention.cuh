@@ -253,27 +253,37 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x;
 }
 
-// Channels c, c + 1 of an output row from their accumulators a0, a1 and the row's 1 / sum: FP8 P·V undoes the V
-// scale, V smoothing adds its mean back (rows that saw keys), and the pair lands in the caller's dtype.
+// The epilogue of a lane's rows `row` and row + 8 of the head: normalize the P·V accumulators o
+// (the m16n8 layout: o[n][2i + e] is channel 8n + 2t + e of row + 8i), undo the FP8 V scale, add V's mean back, store
+// rows < nq and channels < d in the caller's layout, and the LSE.
 template <bool kFp8, int D, typename T>
-__device__ __forceinline__ void store_output_pair(const AttentionParams& p, T* dst, int64_t k_head, int c, float a0,
-                                                  float a1, float inv, bool has_keys) {
-  float y0 = a0 * inv, y1 = a1 * inv;
-  if constexpr (kFp8) {
-    // Exact attention is a weighted mean of V, so |out| <= v_max quantized units per channel; e4m3's rounding of P
-    // (up to 1/16) can carry the quantized mean past that, to inf in fp16 for |V| near 65504. Clamping to the bound
-    // only moves it toward the exact value.
-    const float bound = p.v_max * kPScale;
-    y0 = clamp_keep_nan(y0, bound) * (p.v_scale[k_head * D + c] / kPScale);
-    y1 = clamp_keep_nan(y1, bound) * (p.v_scale[k_head * D + c + 1] / kPScale);
+__device__ __forceinline__ void store_rows(const AttentionParams& p, T* out, int64_t k_head, int64_t q_head, int row,
+                                           int t, const float (&o)[D / 8][4], const float (&m)[2],
+                                           const float (&l)[2]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const float sum = quad_sum(l[i]);
+    const int r = row + 8 * i;
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;  // rows without keys: 0 (and LSE -inf)
+    if (r >= p.nq) continue;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      const int c = n * 8 + 2 * t;
+      if (c >= p.d) continue;
+      float y0 = o[n][2 * i] * inv, y1 = o[n][2 * i + 1] * inv;
+      if constexpr (kFp8) {
+        // Exact attention is a weighted mean of V, so |out| <= v_max quantized units per channel; e4m3's rounding of
+        // P (up to 1/16) can carry the quantized mean past that, to inf in fp16 for |V| near 65504. Clamping to the
+        // bound only moves it toward the exact value.
+        const float bound = p.v_max * kPScale;
+        y0 = clamp_keep_nan(y0, bound) * (p.v_scale[k_head * D + c] / kPScale);
+        y1 = clamp_keep_nan(y1, bound) * (p.v_scale[k_head * D + c + 1] / kPScale);
+      }
+      if (p.v_mean != nullptr && sum > 0.f) y0 += p.v_mean[k_head * D + c], y1 += p.v_mean[k_head * D + c + 1];
+      store2<T>(out + r * p.o_sn + c, y0, y1, c + 1 < p.d);
+    }
+    if (p.lse != nullptr && t == 0) p.lse[q_head * p.nq + r] = sum > 0.f ? (m[i] + __log2f(sum)) * kLn2 : -INFINITY;
   }
-  if (p.v_mean != nullptr && has_keys) y0 += p.v_mean[k_head * D + c], y1 += p.v_mean[k_head * D + c + 1];
-  store2<T>(dst, y0, y1, c + 1 < p.d);
-}
-
-// The natural-log LSE of a row from its running max (log2 units) and sum; -inf for a row without keys.
-__device__ __forceinline__ float row_lse(float m, float sum) {
-  return sum > 0.f ? (m + __log2f(sum)) * kLn2 : -INFINITY;
 }
 
 // kFp8: P·V in e4m3 with V^T from prepare(); else 16-bit P·V in T (V's dtype). T is also the output's dtype.
@@ -421,26 +431,10 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(const AttentionP
     else pv_16bit<D, kMT, T>(x, v_base, lane, p.pv_accum, o);
   }
 
-  // epilogue: normalize, undo the V scale and mean, store rows < nq and columns < d in the caller's layout
   T* out = static_cast<T*>(p.out) + b * p.o_sb + h * p.o_sh;
 #pragma unroll
-  for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const float sum = quad_sum(l[mt][i]);
-      const int row = warp_row + 16 * mt + 8 * i;
-      const float inv = sum > 0.f ? 1.f / sum : 0.f;  // rows without keys: 0 (and LSE -inf)
-      if (row >= p.nq) continue;
-#pragma unroll
-      for (int n = 0; n < D / 8; ++n) {
-        const int c = n * 8 + 2 * t;
-        if (c < p.d)
-          store_output_pair<kFp8, D, T>(p, out + row * p.o_sn + c, k_head, c, o[mt][n][2 * i], o[mt][n][2 * i + 1],
-                                        inv, sum > 0.f);
-      }
-      if (p.lse != nullptr && t == 0) p.lse[q_head * p.nq + row] = row_lse(m[mt][i], sum);
-    }
-  }
+  for (int mt = 0; mt < kMT; ++mt)
+    store_rows<kFp8, D, T>(p, out, k_head, q_head, warp_row + 16 * mt, t, o[mt], m[mt], l[mt]);
 }
 
 // Lets kKernel use `bytes` of dynamic shared memory where that is over the default 48 KB, once per device.

@@ -41,7 +41,7 @@ struct Layout {
 // P·V of one tile: P (e4m3, packed from the softmax's x) times the stage's V^T, into o (fp32) directly or through a
 // tile accumulator (two-level).
 template <int D>
-__device__ __forceinline__ void pv_tile(const float (&x)[16][4], uint32_t v_smem, bool two_level, float (&o)[D / 2]) {
+__device__ __forceinline__ void pv_tile(const float (&x)[16][4], uint32_t v_smem, bool two_level, float (&o)[D / 8][4]) {
   uint32_t a[4][4];
 #pragma unroll
   for (int s = 0; s < 4; ++s) {
@@ -65,11 +65,11 @@ __device__ __forceinline__ void pv_tile(const float (&x)[16][4], uint32_t v_smem
     wgmma_commit();
     wgmma_wait<0>();
 #pragma unroll
-    for (int i = 0; i < D / 2; ++i) o[i] += acc[i];
+    for (int i = 0; i < D / 2; ++i) o[i / 4][i % 4] += acc[i];
   } else {
     wgmma_fence();
 #pragma unroll
-    for (int s = 0; s < 4; ++s) mma(o, s, true);
+    for (int s = 0; s < 4; ++s) mma(reinterpret_cast<float(&)[D / 2]>(o), s, true);
     wgmma_commit();
     wgmma_wait<0>();
   }
@@ -129,9 +129,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     qs[i] = p.q_scale[q_head * p.nq_pad + row0 + wrow + 8 * i] * p.scale_log2;
     m[i] = -INFINITY, l[i] = 0.f;
   }
-  float o[D / 2];
-#pragma unroll
-  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+  float o[D / 8][4] = {};  // the m16n8 layout: channels 8n + 2t + {0, 1} of rows g and g + 8
   const bool two_level = p.pv_accum != kAccF32;
   const uint32_t q_smem = ptx::smem_addr(smem + L::kQOff + (wg - 1) * 64 * D);
   mbar_wait(q_full, 0);
@@ -169,29 +167,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     float alpha[2];
     softmax_step<16>(x, m, l, alpha);
 #pragma unroll
-    for (int i = 0; i < D / 2; ++i) o[i] *= alpha[(i % 4) / 2];
+    for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[n][e] *= alpha[e / 2];
 
     pv_tile<D>(x, ptx::smem_addr(smem + L::kVOff + s * L::kVBytes), two_level, o);
     mbar_arrive(&empty[s]);  // this thread's MMAs of the stage have completed
   }
 
-  // epilogue: normalize, undo the V scale and mean, store rows < nq and columns < d in the caller's layout
-  T* out = static_cast<T*>(p.out) + b * p.o_sb + h * p.o_sh;
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const float sum = quad_sum(l[i]);
-    const int row = row0 + wrow + 8 * i;
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;  // rows without keys: 0 (and LSE -inf)
-    if (row >= p.nq) continue;
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      const int c = n * 8 + 2 * t;
-      if (c < p.d)
-        store_output_pair<true, D, T>(p, out + row * p.o_sn + c, k_head, c, o[4 * n + 2 * i], o[4 * n + 2 * i + 1],
-                                      inv, sum > 0.f);
-    }
-    if (p.lse != nullptr && t == 0) p.lse[q_head * p.nq + row] = row_lse(m[i], sum);
-  }
+  store_rows<true, D, T>(p, static_cast<T*>(p.out) + b * p.o_sb + h * p.o_sh, k_head, q_head, row0 + wrow, t, o, m,
+                         l);
 }
 
 // The tensor maps of a call (family.cu builds them): INT8 Q [B * Hq, nq_pad, D] and K [B * Hk, nk_pad, D] in boxes
