@@ -1,7 +1,8 @@
 """Which kernels serve which GPU.
 
 The Triton kernels serve every supported architecture. The compiled CUDA kernels (modules
-`sageattention._C_sm80` and `_C_sm89`, built from csrc/ for the archs of TORCH_CUDA_ARCH_LIST) serve the
+`sageattention._C_<family>`, built from csrc/ for the archs of TORCH_CUDA_ARCH_LIST; archs.py says which family
+serves which arch) serve the
 `_cuda` variants wherever the build holds them, and `sageattn` except where archs.py prefers Triton;
 elsewhere the same algorithm runs on Triton.
 """
@@ -78,13 +79,22 @@ def _compiled_runs_on(family: str, index: int) -> bool:
         return module.runs_on_current_device()
 
 
+_PV16_FAMILY = next(f for f, info in archs.FAMILIES.items() if info["pv"] == "fp16")
+
+
+def family_for(cap, pv_fp8: bool) -> str | None:
+    """The compiled family that computes this P·V precision on capability `cap`, from archs.py: FP8 P·V is the
+    arch's own family where that family's P·V is FP8; 16-bit P·V is the sm80 family on every arch it runs on."""
+    if pv_fp8:
+        family = archs.ARCH_FAMILY.get(f"{cap[0]}.{cap[1]}")
+        return family if family is not None and archs.FAMILIES[family]["pv"] == "fp8" else None
+    return _PV16_FAMILY if cap >= archs.version_tuple(archs.FAMILIES[_PV16_FAMILY]["min_arch"]) else None
+
+
 def compiled_family(cap, pv_fp8: bool, device: torch.device) -> str | None:
-    """The compiled kernel family that computes this P·V precision on `device` (capability `cap`): "sm89" (FP8)
-    or "sm80" (16-bit), when this build holds its module with device code for the GPU; else None."""
-    if cap is None:
-        return None
-    family = "sm89" if pv_fp8 else "sm80"
-    if cap < archs.version_tuple(archs.FAMILIES[family]["min_arch"]):
+    """`family_for(cap, pv_fp8)` when this build holds its module with device code for the GPU; else None."""
+    family = None if cap is None else family_for(cap, pv_fp8)
+    if family is None:
         return None
     index = torch.cuda.current_device() if device.index is None else device.index
     return family if _compiled_runs_on(family, index) else None

@@ -25,9 +25,8 @@ def gpu(monkeypatch):
         monkeypatch.setattr(dispatch, "check_supported", lambda device, needs_fp8=False, only=None: cap)
 
         def family(cap_, pv_fp8, device):
-            want = "sm89" if pv_fp8 else "sm80"
-            floor = (8, 9) if pv_fp8 else (8, 0)
-            return want if want in built and cap_ >= floor else None
+            want = dispatch.family_for(cap_, pv_fp8)
+            return want if want in built else None
         monkeypatch.setattr(dispatch, "compiled_family", family)
     return make
 
@@ -59,6 +58,23 @@ def test_named_cuda_variants_take_the_compiled_kernels_where_sageattn_prefers_tr
     core.sageattn_qk_int8_pv_fp16_cuda(q, k, v)
     core.sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v)
     assert [a[7] for a in compiled_calls] == ["sm89", "sm80", "sm89"]
+
+
+def test_hopper_takes_its_own_family_once_archs_py_names_it(gpu, compiled_calls, monkeypatch):
+    """What serving sm90 with the wgmma kernel takes: archs.py's entry for 9.0 (and the module in the build)."""
+    monkeypatch.setitem(dispatch.archs.ARCH_FAMILY, "9.0", "sm90")
+    gpu((9, 0), built=("sm80", "sm89", "sm90"))
+    q, k, v = qkv()
+    core.sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v)
+    core.sageattn_qk_int8_pv_fp16_cuda(q, k, v)
+    assert [a[7] for a in compiled_calls] == ["sm90", "sm80"]
+
+
+@pytest.mark.parametrize("cap, pv_fp8, want", [((8, 0), True, None), ((8, 0), False, "sm80"), ((8, 9), True, "sm89"),
+                                               ((9, 0), True, "sm89"), ((12, 1), False, "sm80"),
+                                               ((12, 1), True, "sm89"), ((11, 0), True, None)])
+def test_family_for_reads_archs_py(cap, pv_fp8, want):
+    assert dispatch.family_for(cap, pv_fp8) == want
 
 
 @pytest.mark.parametrize("why, kwargs, shape", [
