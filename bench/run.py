@@ -21,11 +21,10 @@ import triton
 from torch.nn.attention import SDPBackend
 
 import sageattention
-from sageattention import dispatch
+from sageattention import dispatch, forward
 from bench.workloads import attention_tops, sdpa_call
-from sageattention.core import sageattn_plan
+from sageattention.core import ACC_TWO_LEVEL, GRAN_CODE, sageattn_plan
 from sageattention.plan import Plan
-from sageattention.quant_groups import GRANULARITIES
 from sageattention.triton import attention, pipeline
 
 RESULTS = Path(__file__).parent / "results"
@@ -50,14 +49,12 @@ def long_shapes(quick: bool):
 def compiled_call(family: str, q, k, v, causal: bool):
     """A compiled module's fused op (HND, per-thread scales, two-level fp32 P·V accumulation), called directly: how
     the sm90 wgmma kernel is timed before dispatch uses it. Calling it raises where this build lacks the module."""
-    mod = dispatch.compiled_module(family)
-    per_thread, two_level, sm_scale = GRANULARITIES.index("per_thread"), 1, q.shape[-1] ** -0.5
-
     def call():
+        mod = dispatch.compiled_module(family)
         if mod is None or not mod.runs_on_current_device():
             raise RuntimeError(f"sageattention._C_{family} is not built for this GPU")
-        return mod.attention(q, k, v, False, causal, 0, sm_scale, per_thread, per_thread, two_level, True, False,
-                             False)
+        return forward.compiled(q, k, v, False, causal, 0, q.shape[-1] ** -0.5, family, GRAN_CODE["per_thread"],
+                                ACC_TWO_LEVEL, True, False, False)
 
     return call
 

@@ -12,8 +12,8 @@ from .plan import Plan
 
 def _attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Optional[torch.Tensor], tensor_layout: str,
-    is_causal: bool, causal_offset: int, sm_scale: float, qk_quant_gran: str, pv_fp8: bool, pv_two_level: bool, pv_inner_fp16: bool,
-    smooth_k: bool, smooth_v: bool, return_lse: bool, cuda_variant: str,
+    is_causal: bool, causal_offset: int, sm_scale: float, qk_quant_gran: str, pv_fp8: bool, pv_two_level: bool,
+    pv_inner_fp16: bool, smooth_k: bool, smooth_v: bool, return_lse: bool, cuda_variant: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     forward.note_cuda_fallback(cuda_variant, q.device, pv_fp8)
     plan = Plan(qk_quant_gran, pv_fp8, pv_two_level, pv_inner_fp16, smooth_k, smooth_v)

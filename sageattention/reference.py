@@ -12,7 +12,8 @@ Algorithm (SageAttention / SageAttention2):
   scores        S = (q_i8 @ k_i8^T) * s_q * s_k * sm_scale   (+ mask)
   softmax       P = exp(S - rowmax(S)), l = rowsum(P)
   P·V (16-bit)  O = (P in V's dtype) @ V / l
-  P·V (FP8)     V smoothing (optional) v' = v - mean_tokens(v) (on channels where v' fits V's dtype); per-channel s_v = absmax / 448 (at least 2**-126);
+  P·V (FP8)     V smoothing (optional) v' = v - mean_tokens(v) (on channels where v' fits V's dtype);
+                per-channel s_v = absmax / 448 (at least 2**-126);
                 O = clamp(fp8(P * 448) @ fp8(v' / s_v) / 448 / l, +-v_max) * s_v  (+ mean_tokens(v)): exact
                 attention is a weighted mean of V, within +-v_max quantized units; e4m3's rounding of P could carry
                 the quantized mean past it (inf in fp16 for |V| near 65504), the clamp only moves it toward exact
@@ -24,12 +25,11 @@ import math
 
 import torch
 
-from .quant_groups import Grouping, k_grouping, q_grouping
+from .quant_groups import MIN_SCALE, Grouping, k_grouping, q_grouping
 from .smoothing import token_mean, usable_v_mean
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 INT8_MAX = 127.0
-MIN_SCALE = 2.0**-126  # fp32's least normal: every quantization scale's floor (its reciprocal must stay finite)
 
 
 def _usable_scale(scale: torch.Tensor, all_zero: torch.Tensor) -> torch.Tensor:

@@ -15,6 +15,6 @@ def usable_v_mean(v: torch.Tensor) -> torch.Tensor:
     v - mean there: fp16 V spanning +-65000 would overflow). Those channels are not smoothed, which changes only
     rounding; a NaN channel is not smoothed either, so NaN reaches the output through V itself."""
     mean = token_mean(v)
-    lo, hi = v.amin(dim=2, keepdim=True).float(), v.amax(dim=2, keepdim=True).float()
-    fits = torch.maximum(hi - mean, mean - lo) <= torch.finfo(v.dtype).max
+    lo, hi = torch.aminmax(v, dim=2, keepdim=True)
+    fits = torch.maximum(hi.float() - mean, mean - lo.float()) <= torch.finfo(v.dtype).max
     return torch.where(fits, mean, torch.zeros_like(mean))

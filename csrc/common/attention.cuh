@@ -450,6 +450,15 @@ void raise_dynamic_smem(int bytes) {
   }
 }
 
+// Whether this module holds device code of kKernel that the current device can run.
+template <auto kKernel>
+bool has_device_code() {
+  cudaFuncAttributes attr;
+  const bool ok = cudaFuncGetAttributes(&attr, kKernel) == cudaSuccess;
+  cudaGetLastError();  // a missing kernel image is an answer here, not an error for the next launch to report
+  return ok;
+}
+
 // Launches the kernel for head_dim D (the padded one) and the caller's dtype.
 template <int D, bool kFp8, typename T>
 void launch_attention(const AttentionParams& p, cudaStream_t stream) {

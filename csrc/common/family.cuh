@@ -18,11 +18,7 @@ void run_family(const AttentionParams& p, DType dtype, int d_pad, cudaStream_t s
 
 template <bool kFp8>
 bool family_runs_on_current_device() {
-  cudaFuncAttributes attr;
-  const auto kernel = attention_kernel<64, Shape<64>::kWarps, Shape<64>::kMTiles, kFp8, half>;
-  const bool ok = cudaFuncGetAttributes(&attr, kernel) == cudaSuccess;
-  cudaGetLastError();  // a missing kernel image is an answer here, not an error for the next launch to report
-  return ok;
+  return has_device_code<attention_kernel<64, Shape<64>::kWarps, Shape<64>::kMTiles, kFp8, half>>();
 }
 
 }  // namespace sage

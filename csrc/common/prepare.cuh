@@ -15,21 +15,21 @@
 namespace sage {
 
 constexpr int kPrepThreads = 256;
-// fp32's least normal: the floor of every quantization scale, whose reciprocal (2^126) must stay finite; a smaller
-// scale (|x| all below 127 * 2^-126 or v_fp8_max * 2^-126: bf16 only) would make x * (1 / scale) inf.
+// fp32's least normal: the floor of every quantization scale (sageattention/quant_groups.py MIN_SCALE says why).
 constexpr float kMinScale = 1.17549435e-38f;
 
 template <typename T>
 __device__ __forceinline__ float to_float(T x);
+template <>
+__device__ __forceinline__ float to_float<half>(half x) { return __half2float(x); }
+template <>
+__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
+
 // The largest finite value of the 16-bit input type.
 template <typename T>
 constexpr float kMaxFinite = 65504.f;
 template <>
 constexpr float kMaxFinite<__nv_bfloat16> = 3.38953139e38f;
-template <>
-__device__ __forceinline__ float to_float<half>(half x) { return __half2float(x); }
-template <>
-__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
 
 // Eight consecutive elements of row n of head (b, h) from column c0, as raw 16-bit values; columns >= d and
 // rows >= n_rows are 0.

@@ -68,9 +68,4 @@ void sage::attention_pv8(const AttentionParams& p, DType dtype, int d_pad, cudaS
   else sm90::run_attention_sm90<128>(maps, p, dtype, stream);
 }
 
-bool sage::module_runs_on_current_device() {
-  cudaFuncAttributes attr;
-  const bool ok = cudaFuncGetAttributes(&attr, sm90::attention_sm90_kernel<64, half>) == cudaSuccess;
-  cudaGetLastError();  // a missing kernel image is an answer here, not an error for the next launch to report
-  return ok;
-}
+bool sage::module_runs_on_current_device() { return has_device_code<sm90::attention_sm90_kernel<64, half>>(); }

@@ -347,8 +347,8 @@ def _use_tma(device: torch.device) -> bool:
 
 def attention(
     q_i8, q_scale, k_i8, k_scale, v, *, v_scale=None, v_mean=None,
-    out_layout_view, sm_scale: float, is_causal: bool, causal_offset: int = 0, mask=None, pv_two_level: bool, pv_inner_fp16: bool,
-    return_lse: bool, k_scalar: bool, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+    out_layout_view, sm_scale: float, is_causal: bool, causal_offset: int = 0, mask=None, pv_two_level: bool,
+    pv_inner_fp16: bool, return_lse: bool, k_scalar: bool, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
 ):
     """Run the kernel. q_i8 [B, H, Nq, D] / k_i8 [B, HK, Nk, D] int8 contiguous with per-token scales;
     v: 16-bit [B, HK, Nk, D] (any strides, last dim contiguous) or FP8 V^T [B, HK, D, N_PAD] (v_scale set).

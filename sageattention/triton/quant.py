@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import quant_groups
 from ..quant_groups import Grouping
 from .fp8 import INTERPRET, to_e4m3
 from .sizes import cdiv, next_pow2
@@ -24,9 +25,7 @@ NUM_WARPS = 4
 STATS_CHUNK = 512  # tokens per program of the statistics job, read STATS_ROWS at a time
 STATS_ROWS = 32
 V_BLOCK = 128  # tokens per program of the FP8 V job
-# fp32's least normal: the floor of every quantization scale, whose reciprocal (2**126) must stay finite; a smaller
-# scale (all |x| below 127 * 2**-126 or 448 * 2**-126, bf16 only) would make x * (1 / scale) inf.
-MIN_SCALE = tl.constexpr(1.1754943508222875e-38)
+MIN_SCALE = tl.constexpr(quant_groups.MIN_SCALE)  # the scales' floor (quant_groups.py says why)
 
 
 @triton.jit
