@@ -226,6 +226,11 @@ def runs_here(var: Variant) -> bool:
     return not var.sm90_only or cap is None or cap == (9, 0)
 
 
+def skip_unless_runs(var: Variant) -> None:
+    if not runs_here(var):
+        pytest.skip("sm90-only kernel")
+
+
 def runs_compiled(var: Variant, q, layout="HND", *, masked=False) -> bool:
     """Whether this call of `var` runs the compiled kernels (csrc/) on this device, rather than Triton."""
     if var.name == "sageattn":

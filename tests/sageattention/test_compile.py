@@ -5,7 +5,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import sageattention as sa
 from sageattention import backward, ops
-from tests.sageattention.helpers import DEVICE, make_qkv
+from tests.sageattention.helpers import DEVICE, make_qkv, packed_varlen
 
 # All of opcheck's checks: schema, fake impl, autograd registration, AOTAutograd tracing (dynamic shapes).
 OPCHECK_TESTS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
@@ -42,13 +42,7 @@ def test_opcheck_backward_ops():
 
 
 def _varlen_args():
-    gen = torch.Generator().manual_seed(42)
-    q = torch.randn(30, 4, 32, generator=gen).half().to(DEVICE)
-    k = torch.randn(41, 2, 32, generator=gen).half().to(DEVICE)
-    v = torch.randn(41, 2, 32, generator=gen).half().to(DEVICE)
-    cu_q = torch.tensor([0, 12, 30], dtype=torch.int32, device=DEVICE)
-    cu_k = torch.tensor([0, 20, 41], dtype=torch.int32, device=DEVICE)
-    return (q, k, v, cu_q, cu_k, 18, True, 32**-0.5, True)
+    return (*packed_varlen([12, 18], [20, 21], hq=4, hk=2, d=32, seed=42), 18, True, 32**-0.5, True)
 
 
 def test_opcheck_attention_varlen():

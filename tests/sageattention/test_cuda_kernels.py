@@ -18,13 +18,12 @@ import torch
 
 from tests.sageattention.helpers import assert_close, make_qkv, metrics, sdpa_fp32
 from sageattention import reference
+from sageattention.core import ACC_F16_INNER, ACC_F32, ACC_TWO_LEVEL, GRAN_CODE
 from sageattention.inputs import to_hnd
 from sageattention.quant_groups import GRANULARITIES, k_grouping, q_grouping
 
 pytestmark = pytest.mark.gpu
 
-GRAN = {name: i for i, name in enumerate(GRANULARITIES)}  # csrc/common/params.h: Granularity
-ACC_F32, ACC_TWO_LEVEL, ACC_F16_INNER = 0, 1, 2  # PvAccum
 V_NONE, V_FP8, V_16 = 0, 1, 2  # VMode
 
 
@@ -49,8 +48,9 @@ def run(mod, q, k, v, layout, *, causal=False, causal_offset=0, gran="per_thread
     scale = q.shape[-1] ** -0.5 if sm_scale is None else sm_scale
     before = [t.clone() for t in (q, k, v)]
     poison_allocator()
-    out, lse_out = mod.attention(q, k, v, layout == "NHD", causal, causal_offset, scale, GRAN[gran], GRAN[gran], accum,
-                                 smooth_k, smooth_v, lse)
+    g = GRAN_CODE[gran]
+    out, lse_out = mod.attention(q, k, v, layout == "NHD", causal, causal_offset, scale, g, g, accum, smooth_k,
+                                 smooth_v, lse)
     torch.cuda.synchronize()
     for t, b in zip((q, k, v), before):
         assert torch.equal(t, b), "the kernel changed its inputs"
@@ -159,9 +159,9 @@ def test_quantize_matches_reference_bit_for_bit(family, fp8, gran):
     mod = module(family)
     q, k, v = make_qkv(b=2, hq=4, hk=2, nq=300, nk=333, d=128, k_bias=2.0, q_outlier=4.0, seed=5)
     v_mode = V_FP8 if fp8 else V_16
-    q_i8, q_s, k_i8, k_s, k_mean, v_out, v_s, v_mean = mod.quantize(q, k, v, False, GRAN[gran], GRAN[gran], v_mode,
-                                                                    True, True, 448.0)
-    nq, nk, d = 300, 333, 128
+    g = GRAN_CODE[gran]
+    q_i8, q_s, k_i8, k_s, k_mean, v_out, v_s, v_mean = mod.quantize(q, k, v, False, g, g, v_mode, True, True, 448.0)
+    nk, d = 333, 128
     ref_kmean = reference.token_mean(k.cpu())
     assert torch.allclose(k_mean.cpu()[:, :, None, :], ref_kmean, rtol=1e-5, atol=1e-6)
     for x, x_i8, x_s, g, mean in ((q, q_i8, q_s, q_grouping(gran, True), None),
@@ -228,8 +228,9 @@ def test_each_query_finds_its_key(family, fp8, d):
     groups = d // 9
     spelled = ((out.float().cpu() > 0).long() << bits)[..., :groups * 9].view(1, 2, nq, groups, 9).sum(-1)
     wrong = (spelled != sigma[None, None, :, None]).any(-1)  # any whole 9-channel group spelling another key
+    examples = [(h, r, sigma[r].item(), spelled[0, h, r, 0].item()) for h, r in wrong[0].nonzero().tolist()[:6]]
     assert not wrong.any(), (f"{family} d={d}: {wrong.sum().item()} of {wrong.numel()} rows found another key, e.g. "
-                             f"(head, row, want, got) {[(h, r, sigma[r].item(), spelled[0, h, r, 0].item()) for h, r in wrong[0].nonzero().tolist()[:6]]}")
+                             f"(head, row, want, got) {examples}")
 
 
 def test_memcheck_clean_on_small_odd_shapes():

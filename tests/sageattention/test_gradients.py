@@ -7,7 +7,7 @@ from torch.nn.attention.bias import causal_lower_right
 import sageattention as sa
 from sageattention import backward, reference
 from sageattention.inputs import to_hnd
-from tests.sageattention.helpers import DEVICE, VARIANT_IDS, VARIANTS, make_qkv, metrics, runs_here
+from tests.sageattention.helpers import DEVICE, VARIANT_IDS, VARIANTS, make_qkv, metrics, skip_unless_runs
 
 GRAD_COS = 0.999
 
@@ -36,8 +36,7 @@ def assert_grads_close(grads, ref, what=""):
 @pytest.mark.parametrize("layout", ["HND", "NHD"])
 def test_every_variant_backward_is_exact_attention(var, layout):
     """GQA, causal (top-left), unequal lengths, random and structured (K bias, Q outliers) inputs."""
-    if not runs_here(var):
-        pytest.skip("sm90-only kernel")
+    skip_unless_runs(var)
     q, k, v = make_qkv(b=2, hq=4, hk=2, nq=40, nk=70, d=64, layout=layout, seed=5, k_bias=2.0, q_outlier=4.0)
     g = torch.randn(q.shape, generator=torch.Generator().manual_seed(6)).to(q)
     ql, kl, vl = _leaves(q, k, v)

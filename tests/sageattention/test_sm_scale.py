@@ -8,22 +8,16 @@ import sageattention as sa
 from sageattention.inputs import MAX_SM_SCALE
 from tests.sageattention.helpers import (
     TOL, VARIANT_IDS, VARIANTS, assert_close, assert_lse_close, check_variant_vs_reference, fp64_out, make_qkv,
-    oracle_args, reference_out, runs_here,
+    cu_seqlens, oracle_args, reference_out, skip_unless_runs,
 )
 
 
 def _varlen(q, k, v, sm_scale):
     """sageattn_varlen on a batch of one sequence (q, k, v HND [1, H, N, D])."""
     qp, kp, vp = (t[0].transpose(0, 1).contiguous() for t in (q, k, v))
-    cu_q = torch.tensor([0, qp.shape[0]], dtype=torch.int32, device=q.device)
-    cu_k = torch.tensor([0, kp.shape[0]], dtype=torch.int32, device=q.device)
+    cu_q, cu_k = cu_seqlens([qp.shape[0]], device=q.device), cu_seqlens([kp.shape[0]], device=q.device)
     out = sa.sageattn_varlen(qp, kp, vp, cu_q, cu_k, qp.shape[0], kp.shape[0], sm_scale=sm_scale)
     return out.transpose(0, 1)[None]
-
-
-def _skip_unless_runs(var):
-    if not runs_here(var):
-        pytest.skip("sm90-only kernel")
 
 
 # ---------------------------------------------------------------- errors
@@ -74,7 +68,7 @@ SCALES = {"negative": -0.125, "zero": 0.0, "negative_zero": -0.0, "tiny": 1e-6, 
 @pytest.mark.parametrize("name", list(SCALES))
 @pytest.mark.parametrize("var", VARIANTS, ids=VARIANT_IDS)
 def test_sm_scale_values(var, name):
-    _skip_unless_runs(var)
+    skip_unless_runs(var)
     q, k, v = make_qkv(hq=2, nq=64, nk=80, d=64, seed=41)
     check_variant_vs_reference(var, q, k, v, sm_scale=SCALES[name])
 
@@ -92,7 +86,7 @@ def _check_large_scores(var, q, k, v, layout="HND", **kw):
 @pytest.mark.parametrize("var", VARIANTS, ids=VARIANT_IDS)
 def test_negative_sm_scale_with_large_scores(var):
     """Scores of tens of log2 units with a negative scale: each row's max is its most negative q·k."""
-    _skip_unless_runs(var)
+    skip_unless_runs(var)
     q, k, v = make_qkv(hq=2, nq=64, nk=80, d=64, seed=42, layout="NHD")
     _check_large_scores(var, q * 3, k * 3, v, "NHD", sm_scale=-1.0)
 
@@ -100,7 +94,7 @@ def test_negative_sm_scale_with_large_scores(var):
 @pytest.mark.parametrize("sm_scale", [1e3, -1e3])
 @pytest.mark.parametrize("var", VARIANTS, ids=VARIANT_IDS)
 def test_huge_sm_scale(var, sm_scale):
-    _skip_unless_runs(var)
+    skip_unless_runs(var)
     q, k, v = make_qkv(hq=2, nq=64, nk=80, d=64, seed=43)
     _check_large_scores(var, q, k, v, sm_scale=sm_scale)
 

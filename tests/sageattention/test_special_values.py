@@ -7,7 +7,7 @@ import sageattention as sa
 from sageattention.triton import pipeline
 from tests.sageattention.helpers import (
     DEVICE, TOL, VARIANT_IDS, VARIANTS, assert_close, assert_lse_close, check_per_sequence, fp64_out, make_qkv,
-    oracle_args, packed_varlen, reference_out, runs_here, sdpa_fp32, skip_bf16_pv16, variant,
+    oracle_args, packed_varlen, reference_out, sdpa_fp32, skip_bf16_pv16, skip_unless_runs, variant,
 )
 
 INTERPRETED = DEVICE.type == "cpu"
@@ -29,8 +29,7 @@ def _fp8_v_nan_case(var, which, value):
 @pytest.mark.parametrize("which", ["q", "k", "v"])
 @pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=["nan", "inf"])
 def test_nan_inf_propagate_like_sdpa(var, which, value, request):
-    if not runs_here(var):
-        pytest.skip("sm90-only kernel")
+    skip_unless_runs(var)
     if _fp8_v_nan_case(var, which, value):
         request.applymarker(pytest.mark.xfail(strict=True, reason=(
             "interpreter only: Triton 3.6's interpreter casts NaN to a finite e4m3 value (NaN -> 384), so NaN "
@@ -49,8 +48,7 @@ def test_nan_inf_propagate_like_sdpa(var, which, value, request):
 @pytest.mark.parametrize("var", VARIANTS, ids=VARIANT_IDS)
 def test_large_qk_magnitudes(var):
     """|q|, |k| ~ 1e3 and |v| up to 6e4 in fp16: finite, the quantized algorithm's result, LSE ~ 2.6e5."""
-    if not runs_here(var):
-        pytest.skip("sm90-only kernel")
+    skip_unless_runs(var)
     q, k, v = make_qkv(hq=2, nq=64, nk=80, d=64, seed=32)
     q, k = (q.float() * 250).half(), (k.float() * 250).half()
     v = (v.float() / v.float().abs().max() * 6e4).half()
@@ -66,8 +64,7 @@ def test_large_qk_magnitudes(var):
 def test_moderately_large_qk_magnitudes(var):
     """|q|, |k| ~ 150: dequantization factors c ~ 0.3 (log2 units per INT8 product), where a rounded 1.5 * 2**23 * c
     in the kernel's int32 -> fp32 trick would shift each key tile's scores by up to c / 2 against the others."""
-    if not runs_here(var):
-        pytest.skip("sm90-only kernel")
+    skip_unless_runs(var)
     q, k, v = make_qkv(hq=2, nq=96, nk=200, d=64, seed=34)
     q, k = (q.float() * 40).half(), (k.float() * 40).half()
     out, lse = var(q, k, v, return_lse=True)
@@ -79,8 +76,7 @@ def test_moderately_large_qk_magnitudes(var):
 @pytest.mark.parametrize("var", VARIANTS, ids=VARIANT_IDS)
 def test_large_v_does_not_overflow(var):
     """Near-uniform attention over V values 4e4..6e4: fp32 SDPA is finite (~5e4), so must the output be."""
-    if not runs_here(var):
-        pytest.skip("sm90-only kernel")
+    skip_unless_runs(var)
     q, k, v = make_qkv(hq=1, nq=64, nk=128, d=64, seed=33)
     q = q * 0.01
     v = (v.float().abs() * 2e4 + 4e4).clamp(max=6e4).half()
@@ -112,8 +108,7 @@ def _scaled(x: torch.Tensor, mag: float) -> torch.Tensor:
 
 
 def _skip(var, dtype=torch.float16):
-    if not runs_here(var):
-        pytest.skip("sm90-only kernel")
+    skip_unless_runs(var)
     skip_bf16_pv16(var, dtype)
 
 
