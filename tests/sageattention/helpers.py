@@ -52,8 +52,9 @@ def make_qkv(*, b=1, hq=2, hk=None, nq=64, nk=None, d=64, dtype=torch.float16, l
 # ---------------------------------------------------------------- metrics
 
 def metrics(out: torch.Tensor, ref: torch.Tensor) -> dict:
-    """cosine similarity, relative L1 and RMSE of out against ref (flattened, float64)."""
-    a, r = out.double().flatten(), ref.double().flatten()
+    """cosine similarity, relative L1 and RMSE of out against ref (flattened, float64, on the CPU: the
+    float64 oracles run there)."""
+    a, r = out.double().flatten().cpu(), ref.double().flatten().cpu()
     # identical (e.g. both all zero: every row fully masked) counts as a perfect match
     cos = 1.0 if torch.equal(a, r) else torch.nn.functional.cosine_similarity(a, r, dim=0).item()
     rel_l1 = ((a - r).abs().sum() / r.abs().sum().clamp_min(1e-30)).item()

@@ -40,6 +40,7 @@ def main() -> None:
             continue
         if not mod.runs_on_current_device():
             continue
+        print(f"memcheck family {family}")  # the test checks that every family built for this GPU ran
         for b, hq, hk, nq, nk, d, causal, nhd in CASES:
             shape = (lambda h, n: (b, n, h, d)) if nhd else (lambda h, n: (b, h, n, d))
             q = torch.randn(shape(hq, nq), device="cuda", dtype=torch.float16)

@@ -95,7 +95,7 @@ def test_attn_mask(var, kind, shape):
 
 def test_attn_mask_fully_masked_rows_and_causal():
     q, k, v = make_qkv(hq=2, nq=60, nk=60, d=32, seed=23)
-    mask = torch.ones(60, 60, dtype=torch.bool)
+    mask = torch.ones(60, 60, dtype=torch.bool, device=DEVICE)
     mask[[0, 31, 59]] = False
     out, lse = sa.sageattn(q, k, v, attn_mask=mask, is_causal=True, return_lse=True)
     assert torch.isfinite(out).all()

@@ -4,7 +4,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import sageattention as sa
-from sageattention import backward, ops
+from sageattention import backward, core, dispatch, ops
 from tests.sageattention.helpers import DEVICE, make_qkv, packed_varlen
 
 # All of opcheck's checks: schema, fake impl, autograd registration, AOTAutograd tracing (dynamic shapes).
@@ -70,12 +70,35 @@ def test_fake_impl_shapes(layout, return_lse, dtype):
         assert out.shape == vq.shape and out.dtype == dtype
 
 
-def test_op_matches_eager_function():
-    """The registered op (what compiled graphs call) computes what the eager fast path computes."""
+def test_op_matches_eager_function(monkeypatch):
+    """The registered Triton op (what compiled graphs call) computes what the eager call computes; the eager `_cuda`
+    call runs the Triton kernels here because the build is made to hold no compiled family."""
+    monkeypatch.setattr(dispatch, "compiled_family", lambda cap, pv_fp8, device: None)
     args = _dense_args("NHD", True)
     out, lse = ops.attention(*args)
     ref_out, ref_lse = ops._attention(*args)
     assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
     eager, eager_lse = sa.sageattn_qk_int8_pv_fp8_cuda(*args[:3], tensor_layout="NHD", is_causal=True,
                                                        pv_accum_dtype="fp32+fp32", return_lse=True)
+    assert torch.equal(out, eager) and torch.equal(lse, eager_lse)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled kernels need a GPU")
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+def test_compiled_op_passes_opcheck_and_matches_eager(layout):
+    """sageattention::compiled_attention (what compiled graphs call on the compiled route): opcheck, and the same
+    output as the eager `_cuda` call."""
+    cap = dispatch.capability(DEVICE)
+    family = dispatch.compiled_family(cap, True, DEVICE)
+    if family is None:
+        pytest.skip(f"this build has no compiled FP8 family for sm{cap[0]}{cap[1]}")
+    q, k, v = _dense_args(layout, True)[:3]
+    args = (q, k, v, layout == "NHD", True, 0, 32**-0.5, family, core.GRAN_CODE["per_thread"], core.ACC_TWO_LEVEL,
+            True, False, True)
+    torch.library.opcheck(ops.compiled_attention, args, test_utils=OPCHECK_TESTS[:3])
+    out, lse = ops.compiled_attention(*args)
+    eager, eager_lse = sa.sageattn_qk_int8_pv_fp8_cuda(q, k, v, tensor_layout=layout, is_causal=True,
+                                                       qk_quant_gran="per_thread", pv_accum_dtype="fp32+fp32",
+                                                       return_lse=True)
     assert torch.equal(out, eager) and torch.equal(lse, eager_lse)

@@ -27,13 +27,21 @@ pytestmark = pytest.mark.gpu
 V_NONE, V_FP8, V_16 = 0, 1, 2  # VMode
 
 
-def module(family: str):
+def find_module(family: str):
+    """(the family's module, "") where it is built with device code for this GPU, else (None, why not)."""
     try:
         mod = importlib.import_module(f"sageattention._C_{family}")
     except ImportError as e:
-        pytest.skip(f"sageattention._C_{family} is not built: {e}")
+        return None, f"sageattention._C_{family} is not built: {e}"
     if not mod.runs_on_current_device():
-        pytest.skip(f"sageattention._C_{family} has no kernels for this GPU")
+        return None, f"sageattention._C_{family} has no kernels for this GPU"
+    return mod, ""
+
+
+def module(family: str):
+    mod, why = find_module(family)
+    if mod is None:
+        pytest.skip(why)
     return mod
 
 
@@ -245,3 +253,5 @@ def test_memcheck_clean_on_small_odd_shapes():
                          capture_output=True, text=True, cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
     assert run.returncode == 0 and "memcheck cases done" in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]
     assert "ERROR SUMMARY: 0 errors" in run.stdout + run.stderr
+    for family in (f for f, _ in FAMILIES if find_module(f)[0] is not None):
+        assert f"memcheck family {family}" in run.stdout, f"{family} is built for this GPU but was not checked"

@@ -1,4 +1,5 @@
-"""Which kernels a call runs (SDPA for small problems, compiled, Triton), with mocked GPUs and builds; no GPU needed."""
+"""Which kernels a call runs (SDPA for small problems, compiled, Triton), with mocked GPUs and builds;
+no GPU needed (on a GPU the inputs are CUDA tensors and the mocks still decide)."""
 from __future__ import annotations
 
 import pytest
@@ -7,7 +8,7 @@ from torch.nn.attention.bias import causal_lower_right
 
 import sageattention as sa
 from sageattention import core, dispatch, fallback
-from tests.sageattention.helpers import fp64_out, make_qkv, metrics
+from tests.sageattention.helpers import DEVICE, fp64_out, make_qkv, metrics
 
 
 @pytest.fixture
@@ -40,7 +41,7 @@ def compiled_calls(monkeypatch):
 
 
 def qkv(nq=256, nk=256, d=64, hq=4, hk=4):
-    return make_qkv(b=1, hq=hq, hk=hk, nq=nq, nk=nk, d=d, device="cpu")
+    return make_qkv(b=1, hq=hq, hk=hk, nq=nq, nk=nk, d=d)
 
 
 @pytest.mark.parametrize("cap, want", [((8, 0), "compiled sm80 kernels"), ((8, 6), "compiled sm80 kernels"),
@@ -78,7 +79,7 @@ def test_family_for_reads_archs_py(cap, pv_fp8, want):
 
 
 @pytest.mark.parametrize("why, kwargs, shape", [
-    ("attn_mask", {"attn_mask": torch.ones(256, 256, dtype=torch.bool)}, {}),
+    ("attn_mask", {"attn_mask": torch.ones(256, 256, dtype=torch.bool, device=DEVICE)}, {}),
     ("head_dim 192", {}, {"d": 192}),
 ])
 def test_what_the_compiled_kernels_do_not_take_goes_to_triton(gpu, why, kwargs, shape):
@@ -114,7 +115,7 @@ def test_pv_accumulation_reaches_the_compiled_kernels(accum, fp8, want):
 
 @pytest.mark.parametrize("nq, nk, d, hq, why", [(4096, 77, 64, 10, "77 keys"), (64, 128, 64, 2, "multiply-adds")])
 def test_small_problems_go_to_sdpa(sdpa_fallback, nq, nk, d, hq, why):
-    q, k, v = make_qkv(b=1, hq=hq, nq=nq, nk=nk, d=d, device="cpu", seed=1)
+    q, k, v = make_qkv(b=1, hq=hq, nq=nq, nk=nk, d=d, seed=1)
     assert why in sa.explain(q, k, v)
     out = sa.sageattn(q, k, v)
     exact, _ = fp64_out(q, k, v)
@@ -122,11 +123,11 @@ def test_small_problems_go_to_sdpa(sdpa_fallback, nq, nk, d, hq, why):
 
 
 @pytest.mark.parametrize("nq, kwargs", [(77, {"return_lse": True}),
-                                        (64, {"attn_mask": torch.ones(64, 77, dtype=torch.bool)}),
+                                        (64, {"attn_mask": torch.ones(64, 77, dtype=torch.bool, device=DEVICE)}),
                                         (100, {"attn_mask": causal_lower_right(100, 77)})])
 def test_what_sdpa_cannot_reproduce_keeps_the_kernels(sdpa_fallback, nq, kwargs):
     """LSE, masks, and bottom-right causal with rows that see no key (SDPA: NaN, sageattn: 0)."""
-    q, k, v = make_qkv(b=1, hq=2, nq=nq, nk=77, d=64, device="cpu")
+    q, k, v = make_qkv(b=1, hq=2, nq=nq, nk=77, d=64)
     assert not sa.explain(q, k, v, **kwargs).startswith("sdpa")
 
 
@@ -142,7 +143,7 @@ def test_the_fallback_can_be_turned_off(sdpa_fallback):
                                                                                        "bottom-right"])
 def test_sdpa_fallback_keeps_sageattn_semantics(layout, is_causal, offset):
     """GQA, causal alignments (nq < nk), the caller's layout."""
-    q, k, v = make_qkv(b=2, hq=4, hk=2, nq=40, nk=100, d=64, layout=layout, device="cpu", seed=3)
+    q, k, v = make_qkv(b=2, hq=4, hk=2, nq=40, nk=100, d=64, layout=layout, seed=3)
     out = fallback.sdpa(q, k, v, layout, is_causal, offset, 64**-0.5)
     exact, _ = fp64_out(q, k, v, layout, is_causal=is_causal, causal_offset=offset)
     assert out.shape == q.shape
