@@ -209,12 +209,20 @@ __device__ __forceinline__ void pv_fp8(const float (&x)[kMT][8][4], uint32_t v_b
       for (int e = 0; e < 4; ++e) o[mt][n][e] += acc[mt][n][e];
 }
 
-// A score in log2 units: the INT8 dot product times its scale; -inf for a key past the end or above the causal
-// diagonal (only tiles that reach either are checked).
-__device__ __forceinline__ float masked_score(int dot, float scale, int key, int row, bool needs_mask,
-                                              const AttentionParams& p) {
-  if (needs_mask && (key >= p.nk || (p.causal && key > row + p.causal_offset))) return -INFINITY;
-  return static_cast<float>(dot) * scale;
+// Scores a row must not see become -inf: keys past nk and, when causal, keys after the row's last one
+// (row + causal_offset). x[j][e] is key key0 + 8j + 2t + (e & 1) of row `row` (e < 2) or row + 8. Callers run it only
+// on tiles that reach the end or the diagonal (a warp-uniform test), so full tiles pay nothing; here each score is a
+// compare and a select, no branch.
+template <int J>
+__device__ __forceinline__ void mask_scores(float (&x)[J][4], int key0, int t, int row, const AttentionParams& p) {
+  int last[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) last[i] = p.causal ? min(p.nk - 1, row + 8 * i + p.causal_offset) : p.nk - 1;
+#pragma unroll
+  for (int j = 0; j < J; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if (key0 + 8 * j + 2 * t + (e & 1) > last[e / 2]) x[j][e] = -INFINITY;
 }
 
 // One online-softmax step for a lane's two rows (g and g + 8) over J 8-key slices of a tile, the 4 lanes of a quad
@@ -415,9 +423,8 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(const AttentionP
 #pragma unroll
       for (int j = 0; j < 8; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-          x[mt][j][e] = masked_score(s[mt][j][e], qs[mt][e / 2] * ks, key0 + j * 8 + 2 * t + (e & 1),
-                                     warp_row + 16 * mt + 8 * (e / 2), needs_mask, p);
+        for (int e = 0; e < 4; ++e) x[mt][j][e] = static_cast<float>(s[mt][j][e]) * (qs[mt][e / 2] * ks);
+      if (needs_mask) mask_scores<8>(x[mt], key0, t, warp_row + 16 * mt, p);
       float alpha[2];
       softmax_step<8>(x[mt], m[mt], l[mt], alpha);
 #pragma unroll

@@ -22,11 +22,11 @@ namespace sage::sm90 {
 constexpr int kRows = 128;        // query rows per program
 constexpr int kKeys = 128;        // keys per tile
 constexpr int kThreads = 384;     // producer warpgroup + two consumer warpgroups
-constexpr int kProducerRegs = 40, kConsumerRegs = 232;  // 128 * 40 + 256 * 232 <= 64 K registers
+constexpr int kProducerRegs = 24, kConsumerRegs = 240;  // 128 * 24 + 256 * 240 <= 64 K registers
 
 template <int D>
 struct Layout {
-  static constexpr int kStages = 2;
+  static constexpr int kStages = 3;  // tiles in flight: the one computed on, the one whose P·V runs, the next
   static constexpr int kQBytes = kRows * D;
   static constexpr int kKBytes = kKeys * D;
   static constexpr int kVBytes = D * kKeys;
@@ -38,44 +38,35 @@ struct Layout {
   static constexpr int kSmem = kBarOff + 1024 + 1024;  // barriers, and slack to align the dynamic base to 1024
 };
 
-// P·V of one tile: P (e4m3, packed from the softmax's x) times the stage's V^T, into o (fp32) directly or through a
-// tile accumulator (two-level).
-template <int D>
-__device__ __forceinline__ void pv_tile(const float (&x)[16][4], uint32_t v_smem, bool two_level, float (&o)[D / 8][4]) {
-  uint32_t a[4][4];
+// P of a tile (e4m3, stretched by kPScale) from the softmax's x, in wgmma's 8-bit A-register layout: a[s] is the
+// k32 step s (keys 32s..32s+31), register i holds row g (i even) or g + 8 (i odd) of its first or second 16 keys.
+__device__ __forceinline__ void pack_p(const float (&x)[16][4], uint32_t (&a)[4][4]) {
 #pragma unroll
   for (int s = 0; s < 4; ++s) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {  // A register i: row g (i even) or g + 8 (i odd), first or second 16 keys (i / 2)
+    for (int i = 0; i < 4; ++i) {
       const int j = 4 * s + 2 * (i / 2), e = 2 * (i % 2);
       a[s][i] = ptx::e4m3x2(x[j][e] * kPScale, x[j][e + 1] * kPScale) |
                 (ptx::e4m3x2(x[j + 1][e] * kPScale, x[j + 1][e + 1] * kPScale) << 16);
     }
   }
-  auto mma = [&](float (&d)[D / 2], int s, bool accumulate) {
+}
+
+// Issues d (+)= P·V over a tile's 128 keys (four k32 steps, V^T from the stage at v_smem); `fresh` overwrites d
+// (the tile accumulator of two-level accumulation) instead of adding to it. The caller commits and waits.
+template <int D>
+__device__ __forceinline__ void pv_issue(float (&d)[D / 2], const uint32_t (&a)[4][4], uint32_t v_smem, bool fresh) {
+#pragma unroll
+  for (int s = 0; s < 4; ++s) {
     const uint64_t desc = smem_desc<128>(v_smem + 32 * s);
-    if constexpr (D == 128) wgmma_e4m3_m64n128k32(d, a[s], desc, accumulate);
-    else wgmma_e4m3_m64n64k32(d, a[s], desc, accumulate);
-  };
-  if (two_level) {
-    float acc[D / 2];
-    wgmma_fence();
-#pragma unroll
-    for (int s = 0; s < 4; ++s) mma(acc, s, s > 0);
-    wgmma_commit();
-    wgmma_wait<0>();
-#pragma unroll
-    for (int i = 0; i < D / 2; ++i) o[i / 4][i % 4] += acc[i];
-  } else {
-    wgmma_fence();
-#pragma unroll
-    for (int s = 0; s < 4; ++s) mma(reinterpret_cast<float(&)[D / 2]>(o), s, true);
-    wgmma_commit();
-    wgmma_wait<0>();
+    if constexpr (D == 128) wgmma_e4m3_m64n128k32(d, a[s], desc, !fresh || s > 0);
+    else wgmma_e4m3_m64n64k32(d, a[s], desc, !fresh || s > 0);
   }
 }
 
-template <int D, typename T>
+// kTwoLevel: each tile's P·V goes to a fresh fp32 accumulator that is added to o (upstream's "fp32+fp32"; the tensor
+// cores' FP8 accumulation keeps fewer bits than fp32 across many tiles); otherwise P·V accumulates in o directly.
+template <int D, typename T, bool kTwoLevel>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_sm90_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                           const __grid_constant__ CUtensorMap v_map, const AttentionParams p) {
@@ -130,12 +121,21 @@ __global__ void __launch_bounds__(kThreads, 1)
     m[i] = -INFINITY, l[i] = 0.f;
   }
   float o[D / 8][4] = {};  // the m16n8 layout: channels 8n + 2t + {0, 1} of rows g and g + 8
-  const bool two_level = p.pv_accum != kAccF32;
+  float(&o_flat)[D / 2] = reinterpret_cast<float(&)[D / 2]>(o);
+  float acc[kTwoLevel ? D / 2 : 1];  // two-level: the previous tile's P·V until it is added to o
+  uint32_t pa[4][4];                 // the previous tile's P, read by its P·V while this tile's softmax runs
   const uint32_t q_smem = ptx::smem_addr(smem + L::kQOff + (wg - 1) * 64 * D);
+  auto v_smem = [&](int stage) { return ptx::smem_addr(smem + L::kVOff + stage * L::kVBytes); };
+  auto issue_pv = [&](int stage) {  // the previous tile's P·V, in flight until the next wgmma_wait<0>
+    if constexpr (kTwoLevel) pv_issue<D>(acc, pa, v_smem(stage), true);
+    else pv_issue<D>(o_flat, pa, v_smem(stage), false);
+    wgmma_commit();
+  };
   mbar_wait(q_full, 0);
 
+  // Software pipeline: the tensor cores run tile j - 1's P·V while this warpgroup runs tile j's softmax.
   for (int tile = 0; tile < n_tiles; ++tile) {
-    const int s = tile % L::kStages;
+    const int s = tile % L::kStages, prev = (tile + L::kStages - 1) % L::kStages;
     const int key0 = tile * kKeys;
     // K scales of the tile's two 64-key quantization periods (keys past nk_pad are masked below)
     float ks[2];
@@ -148,12 +148,17 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     int sc[64];
     const uint32_t k_smem = ptx::smem_addr(smem + L::kKOff + s * L::kKBytes);
-    wgmma_fence();
+    wgmma_fence();  // orders this thread's writes of o, acc and pa before the MMAs that read them
 #pragma unroll
     for (int kk = 0; kk < D / 32; ++kk)
       wgmma_s8_m64n128k32(sc, smem_desc<D>(q_smem + 32 * kk), smem_desc<D>(k_smem + 32 * kk), kk > 0);
     wgmma_commit();
-    wgmma_wait<0>();
+    if (tile > 0) {
+      issue_pv(prev);
+      wgmma_wait<1>();  // S of this tile (committed first) is complete; P·V of the previous tile may still run
+    } else {
+      wgmma_wait<0>();
+    }
 
     // scores in log2 units, masked; online softmax per row (a row's 128 scores live in the 4 lanes of a quad)
     const bool needs_mask = key0 + kKeys > p.nk || (p.causal && key0 + kKeys - 1 > row0 + wrow - g + p.causal_offset);
@@ -161,18 +166,31 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int j = 0; j < 16; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e)
-        x[j][e] = masked_score(sc[4 * j + e], qs[e / 2] * ks[j / 8], key0 + 8 * j + 2 * t + (e & 1),
-                               row0 + wrow + 8 * (e / 2), needs_mask, p);
+      for (int e = 0; e < 4; ++e) x[j][e] = static_cast<float>(sc[4 * j + e]) * (qs[e / 2] * ks[j / 8]);
+    if (needs_mask) mask_scores<16>(x, key0, t, row0 + wrow, p);
     float alpha[2];
     softmax_step<16>(x, m, l, alpha);
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o[n][e] *= alpha[e / 2];
 
-    pv_tile<D>(x, ptx::smem_addr(smem + L::kVOff + s * L::kVBytes), two_level, o);
-    mbar_arrive(&empty[s]);  // this thread's MMAs of the stage have completed
+    if (tile > 0) {  // tile 0: o is still zero
+      wgmma_wait<0>();
+      mbar_arrive(&empty[prev]);  // this thread's MMAs of the previous stage have completed
+#pragma unroll
+      for (int i = 0; i < D / 2; ++i) {
+        if constexpr (kTwoLevel) o_flat[i] += acc[i];
+        o_flat[i] *= alpha[(i % 4) / 2];
+      }
+    }
+    pack_p(x, pa);
+  }
+  if (n_tiles > 0) {  // the last tile's P·V
+    const int last = (n_tiles - 1) % L::kStages;
+    wgmma_fence();
+    issue_pv(last);
+    wgmma_wait<0>();
+    if constexpr (kTwoLevel) {
+#pragma unroll
+      for (int i = 0; i < D / 2; ++i) o_flat[i] += acc[i];
+    }
   }
 
   store_rows<true, D, T>(p, static_cast<T*>(p.out) + b * p.o_sb + h * p.o_sh, k_head, q_head, row0 + wrow, t, o, m,
@@ -186,9 +204,9 @@ struct TensorMaps {
   CUtensorMap q, k, v;
 };
 
-template <int D, typename T>
+template <int D, typename T, bool kTwoLevel>
 void launch_attention_sm90(const TensorMaps& maps, const AttentionParams& p, cudaStream_t stream) {
-  constexpr auto kernel = attention_sm90_kernel<D, T>;
+  constexpr auto kernel = attention_sm90_kernel<D, T, kTwoLevel>;
   raise_dynamic_smem<kernel>(Layout<D>::kSmem);
   const dim3 grid((p.nq + kRows - 1) / kRows, p.hq, p.batch);
   kernel<<<grid, kThreads, Layout<D>::kSmem, stream>>>(maps.q, maps.k, maps.v, p);
@@ -197,8 +215,14 @@ void launch_attention_sm90(const TensorMaps& maps, const AttentionParams& p, cud
 // One instantiation per padded head_dim (attention_d64.cu, attention_d128.cu).
 template <int D>
 void run_attention_sm90(const TensorMaps& maps, const AttentionParams& p, DType dtype, cudaStream_t stream) {
-  if (dtype == kBF16) launch_attention_sm90<D, __nv_bfloat16>(maps, p, stream);
-  else launch_attention_sm90<D, half>(maps, p, stream);
+  const bool two_level = p.pv_accum != kAccF32;  // kAccF16Inner, which this kernel lacks, runs two-level
+  if (dtype == kBF16) {
+    if (two_level) launch_attention_sm90<D, __nv_bfloat16, true>(maps, p, stream);
+    else launch_attention_sm90<D, __nv_bfloat16, false>(maps, p, stream);
+  } else {
+    if (two_level) launch_attention_sm90<D, half, true>(maps, p, stream);
+    else launch_attention_sm90<D, half, false>(maps, p, stream);
+  }
 }
 
 }  // namespace sage::sm90

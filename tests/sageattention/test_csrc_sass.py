@@ -22,6 +22,8 @@ IMMA = "IMMA.16832.S8.S8"
 QMMA_F32, QMMA_F16 = "QMMA.16832.F32.E4M3.E4M3", "QMMA.16832.F16.E4M3.E4M3"
 IGMMA = "IGMMA.64x128x32.S8.S8"
 HOPPER = ["UTMALDG.3D", "USETMAXREG.DEALLOC", "USETMAXREG.TRY_ALLOC"]
+# the software pipeline: a tile's scores are awaited while the previous tile's P·V is still in flight
+PIPELINED = "WARPGROUP.DEPBAR.LE gsb0, 0x1"
 # (family, source) -> {arch: instructions its SASS must hold}
 EXPECTED = {
     ("sm80", "attention_d64.cu"): {a: [IMMA, "HMMA.16816.F32", "HMMA.16816.F32.BF16", "HMMA.16816.F16"]
@@ -34,9 +36,10 @@ EXPECTED = {
     ("sm80", "prepare.cu"): {"80": ["F2FP.PACK_AB", "F2FP.BF16.PACK_AB"]},
     ("sm80", "family.cu"): {"80": [IMMA]},
     ("sm89", "family.cu"): {"89": [QMMA_F32]},
-    # sm_90a: warpgroup MMAs (IGMMA s8, QGMMA e4m3), bulk tensor copies, the registers handed between warpgroups
-    ("sm90", "attention_d64.cu"): {"90a": [IGMMA, "QGMMA.64x64x32.F32.E4M3.E4M3", *HOPPER]},
-    ("sm90", "attention_d128.cu"): {"90a": [IGMMA, "QGMMA.64x128x32.F32.E4M3.E4M3", *HOPPER]},
+    # sm_90a: warpgroup MMAs (IGMMA s8, QGMMA e4m3), bulk tensor copies, the registers handed between warpgroups,
+    # P·V overlapping the next tile's softmax
+    ("sm90", "attention_d64.cu"): {"90a": [IGMMA, "QGMMA.64x64x32.F32.E4M3.E4M3", *HOPPER, PIPELINED]},
+    ("sm90", "attention_d128.cu"): {"90a": [IGMMA, "QGMMA.64x128x32.F32.E4M3.E4M3", *HOPPER, PIPELINED]},
     ("sm90", "prepare.cu"): {"90a": ["F2FP.SATFINITE.E4M3.F32"]},
     ("sm90", "family.cu"): {"90a": [IGMMA]},
 }
