@@ -20,7 +20,9 @@ namespace sage {
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
-constexpr float kPScale = 448.f;  // FP8 P = e4m3(p * 448): p in [0, 1] uses e4m3's whole range
+// FP8 P = e4m3(p * 448): p in [0, 1] uses e4m3's whole range. The FP8 kernels fold the stretch into the exponent
+// (softmax_step<J, true>), so their P and row sums l are both stretched and the epilogue's o / l is unstretched.
+constexpr float kLog2PScale = 8.807354922057604f;  // log2(448)
 // Program shape per head_dim: warps, and m16 tiles per warp (two tiles share each K/V fragment load, but at
 // head_dim 128 their accumulators no longer fit in registers). SAGE_ATTN_WARPS/_MTILES override it, for A/B runs.
 template <int D>
@@ -159,8 +161,8 @@ __device__ __forceinline__ void pv_fp8(const float (&x)[kMT][8][4], uint32_t v_b
 #pragma unroll
       for (int i = 0; i < 4; ++i) {  // A register i: row g (i even) or g + 8 (i odd), first or second 16 keys (i / 2)
         const int j = 4 * s + 2 * (i / 2), e = 2 * (i % 2);
-        a[mt][s][i] = ptx::e4m3x2(x[mt][j][e] * kPScale, x[mt][j][e + 1] * kPScale) |
-                      (ptx::e4m3x2(x[mt][j + 1][e] * kPScale, x[mt][j + 1][e + 1] * kPScale) << 16);
+        a[mt][s][i] = ptx::e4m3x2(x[mt][j][e], x[mt][j][e + 1]) |
+                      (ptx::e4m3x2(x[mt][j + 1][e], x[mt][j + 1][e + 1]) << 16);
       }
     }
   }
@@ -226,9 +228,10 @@ __device__ __forceinline__ void mask_scores(float (&x)[J][4], int key0, int t, i
 }
 
 // One online-softmax step for a lane's two rows (g and g + 8) over J 8-key slices of a tile, the 4 lanes of a quad
-// holding a row between them: x (scores in log2 units) becomes P = exp2(x - max); m and l are the rows' running max
-// and sum; alpha is the factor that rescales what was accumulated before this tile.
-template <int J>
+// holding a row between them: x (scores in log2 units) becomes P = exp2(x - max), times 448 where kStretch (FP8
+// P·V: one subtraction instead of a multiply per score); m and l are the rows' running max and sum (of P as
+// stretched); alpha is the factor that rescales what was accumulated before this tile.
+template <int J, bool kStretch = false>
 __device__ __forceinline__ void softmax_step(float (&x)[J][4], float (&m)[2], float (&l)[2], float (&alpha)[2]) {
   float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -244,11 +247,12 @@ __device__ __forceinline__ void softmax_step(float (&x)[J][4], float (&m)[2], fl
     const float base = new_m == -INFINITY ? 0.f : new_m;
     alpha[i] = exp2_approx(m[i] - base);
     m[i] = new_m;
+    const float shift = kStretch ? base - kLog2PScale : base;
     float sum = 0.f;
 #pragma unroll
     for (int j = 0; j < J; ++j) {
-      x[j][2 * i] = exp2_approx(x[j][2 * i] - base);
-      x[j][2 * i + 1] = exp2_approx(x[j][2 * i + 1] - base);
+      x[j][2 * i] = exp2_approx(x[j][2 * i] - shift);
+      x[j][2 * i + 1] = exp2_approx(x[j][2 * i + 1] - shift);
       sum += x[j][2 * i] + x[j][2 * i + 1];
     }
     l[i] = l[i] * alpha[i] + sum;
@@ -263,14 +267,15 @@ __device__ __forceinline__ float quad_sum(float x) {
 
 // The epilogue of a lane's rows `row` and row + 8 of the head: normalize the P·V accumulators o
 // (the m16n8 layout: o[n][2i + e] is channel 8n + 2t + e of row + 8i), undo the FP8 V scale, add V's mean back, store
-// rows < nq and channels < d in the caller's layout, and the LSE.
+// rows < nq and channels < d in the caller's layout, and the LSE. kFp8: o and l are both in units of the stretched P,
+// so o / l is already in V's quantized units.
 template <bool kFp8, int D, typename T>
 __device__ __forceinline__ void store_rows(const AttentionParams& p, T* out, int64_t k_head, int64_t q_head, int row,
                                            int t, const float (&o)[D / 8][4], const float (&m)[2],
                                            const float (&l)[2]) {
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    const float sum = quad_sum(l[i]);
+    const float sum = quad_sum(l[i]);  // kFp8: stretched by 448
     const int r = row + 8 * i;
     const float inv = sum > 0.f ? 1.f / sum : 0.f;  // rows without keys: 0 (and LSE -inf)
     if (r >= p.nq) continue;
@@ -283,14 +288,16 @@ __device__ __forceinline__ void store_rows(const AttentionParams& p, T* out, int
         // Exact attention is a weighted mean of V, so |out| <= v_max quantized units per channel; e4m3's rounding of
         // P (up to 1/16) can carry the quantized mean past that, to inf in fp16 for |V| near 65504. Clamping to the
         // bound only moves it toward the exact value.
-        const float bound = p.v_max * kPScale;
-        y0 = clamp_keep_nan(y0, bound) * (p.v_scale[k_head * D + c] / kPScale);
-        y1 = clamp_keep_nan(y1, bound) * (p.v_scale[k_head * D + c + 1] / kPScale);
+        y0 = clamp_keep_nan(y0, p.v_max) * p.v_scale[k_head * D + c];
+        y1 = clamp_keep_nan(y1, p.v_max) * p.v_scale[k_head * D + c + 1];
       }
       if (p.v_mean != nullptr && sum > 0.f) y0 += p.v_mean[k_head * D + c], y1 += p.v_mean[k_head * D + c + 1];
       store2<T>(out + r * p.o_sn + c, y0, y1, c + 1 < p.d);
     }
-    if (p.lse != nullptr && t == 0) p.lse[q_head * p.nq + r] = sum > 0.f ? (m[i] + __log2f(sum)) * kLn2 : -INFINITY;
+    if (p.lse != nullptr && t == 0) {
+      const float log2_sum = __log2f(sum) - (kFp8 ? kLog2PScale : 0.f);
+      p.lse[q_head * p.nq + r] = sum > 0.f ? (m[i] + log2_sum) * kLn2 : -INFINITY;
+    }
   }
 }
 
@@ -426,7 +433,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(const AttentionP
         for (int e = 0; e < 4; ++e) x[mt][j][e] = static_cast<float>(s[mt][j][e]) * (qs[mt][e / 2] * ks);
       if (needs_mask) mask_scores<8>(x[mt], key0, t, warp_row + 16 * mt, p);
       float alpha[2];
-      softmax_step<8>(x[mt], m[mt], l[mt], alpha);
+      softmax_step<8, kFp8>(x[mt], m[mt], l[mt], alpha);
 #pragma unroll
       for (int n = 0; n < D / 8; ++n)
 #pragma unroll

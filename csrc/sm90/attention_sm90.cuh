@@ -38,7 +38,7 @@ struct Layout {
   static constexpr int kSmem = kBarOff + 1024 + 1024;  // barriers, and slack to align the dynamic base to 1024
 };
 
-// P of a tile (e4m3, stretched by kPScale) from the softmax's x, in wgmma's 8-bit A-register layout: a[s] is the
+// P of a tile (e4m3, already stretched by softmax_step<16, true>) in wgmma's 8-bit A-register layout: a[s] is the
 // k32 step s (keys 32s..32s+31), register i holds row g (i even) or g + 8 (i odd) of its first or second 16 keys.
 __device__ __forceinline__ void pack_p(const float (&x)[16][4], uint32_t (&a)[4][4]) {
 #pragma unroll
@@ -46,8 +46,7 @@ __device__ __forceinline__ void pack_p(const float (&x)[16][4], uint32_t (&a)[4]
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int j = 4 * s + 2 * (i / 2), e = 2 * (i % 2);
-      a[s][i] = ptx::e4m3x2(x[j][e] * kPScale, x[j][e + 1] * kPScale) |
-                (ptx::e4m3x2(x[j + 1][e] * kPScale, x[j + 1][e + 1] * kPScale) << 16);
+      a[s][i] = ptx::e4m3x2(x[j][e], x[j][e + 1]) | (ptx::e4m3x2(x[j + 1][e], x[j + 1][e + 1]) << 16);
     }
   }
 }
@@ -169,15 +168,19 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int e = 0; e < 4; ++e) x[j][e] = static_cast<float>(sc[4 * j + e]) * (qs[e / 2] * ks[j / 8]);
     if (needs_mask) mask_scores<16>(x, key0, t, row0 + wrow, p);
     float alpha[2];
-    softmax_step<16>(x, m, l, alpha);
+    softmax_step<16, true>(x, m, l, alpha);
 
     if (tile > 0) {  // tile 0: o is still zero
       wgmma_wait<0>();
       mbar_arrive(&empty[prev]);  // this thread's MMAs of the previous stage have completed
+      if constexpr (kTwoLevel) {
 #pragma unroll
-      for (int i = 0; i < D / 2; ++i) {
-        if constexpr (kTwoLevel) o_flat[i] += acc[i];
-        o_flat[i] *= alpha[(i % 4) / 2];
+        for (int i = 0; i < D / 2; ++i) o_flat[i] += acc[i];
+      }
+      // once the row maxima settle (long sequences) alpha is exactly 1 for the whole warp: skip the multiplies
+      if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+        for (int i = 0; i < D / 2; ++i) o_flat[i] *= alpha[(i % 4) / 2];
       }
     }
     pack_p(x, pa);
