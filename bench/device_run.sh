@@ -4,6 +4,8 @@
 # usage: bash bench/device_run.sh [quick|full|tests] [pytest args...]   (tests: GPU tests and correctness pass only)
 #        bash bench/device_run.sh suite [pytest args...]   (every test, GPU-marked or not, on the GPU; default: the
 #        sageattention and sageattn3 tests, 12 workers)
+#        bash bench/device_run.sh hopper   (the sm90 kernel: its GPU tests and memcheck, throughput against the Triton
+#        path and cuDNN, the time split between quantization and attention, and an ncu report of one call)
 #        bash bench/device_run.sh models [bench.models args...]   (the real-model benchmark only; default arguments:
 #        --first-call --spread 3)
 # pytest is interrupted (SIGINT) at PYTEST_LIMIT seconds (default 400: the build takes about 140 s of a 600 s call)
@@ -28,6 +30,15 @@ pytest_named() {  # pytest, then its failures and totals from the log (the log k
     >"$OUT/pytest.log" 2>&1
   grep -E "^(FAILED|ERROR) |[0-9]+ (passed|failed)" "$OUT/pytest.log" | tail -80
 }
+if [ "$mode" = hopper ]; then
+  PYTEST_LIMIT=${PYTEST_LIMIT:-180} pytest_named -n 8 tests/sageattention/test_cuda_kernels.py tests/sageattention/test_compile.py
+  timeout -s INT 150 python3 -m bench.run --quick --suite fa3 --out "$OUT" \
+    --methods "sm90 wgmma e2e,sage e2e,sdpa cudnn bf16" 2>&1 | tee "$OUT/bench.log"
+  python3 -m bench.profile --family sm90 >"$OUT/profile.log" 2>&1
+  ! command -v ncu >/dev/null || timeout 90 ncu --set full -k regex:attention_sm90 -c 1 \
+    python3 -m bench.profile --family sm90 >"$OUT/ncu.log" 2>&1
+  exit
+fi
 if [ "$mode" = suite ]; then
   [ "$#" -gt 0 ] || set -- -n 12 tests/sageattention sageattention3_blackwell/tests
   pytest_named "$@"
