@@ -10,6 +10,7 @@
 // of every 8-column slice) and the 8-bit A-register layout that of mma.sync m16n8k32, so prepare()'s quantization
 // groups and FP8 key order (fp8_key_slot) serve this kernel unchanged (csrc/common/attention.cuh explains them).
 #pragma once
+#include <algorithm>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -63,8 +64,32 @@ __device__ __forceinline__ void pv_issue(float (&d)[D / 2], const uint32_t (&a)[
   }
 }
 
+// A work item: 128 query rows of one head. Items are numbered query block fastest, so the programs running at
+// once share a head's K and V in L2; causal items run their longest (last) query block first.
+struct Work {
+  int row0, h, b, hk, n_tiles;
+};
+
+__device__ __forceinline__ Work work_item(int w, const AttentionParams& p) {
+  const int n_qblocks = (p.nq + kRows - 1) / kRows;
+  const int qblock = p.causal ? n_qblocks - 1 - w % n_qblocks : w % n_qblocks;
+  const int h = w / n_qblocks % p.hq, b = w / n_qblocks / p.hq;
+  Work wk{qblock * kRows, h, b, h / (p.hq / p.hk), (p.nk + kKeys - 1) / kKeys};
+  if (p.causal) {
+    const int last_key = wk.row0 + kRows - 1 + p.causal_offset;  // the last key any row of the item sees
+    wk.n_tiles = last_key < 0 ? 0 : min(wk.n_tiles, last_key / kKeys + 1);
+  }
+  return wk;
+}
+
+__host__ __device__ inline int work_items(const AttentionParams& p) {
+  return (p.nq + kRows - 1) / kRows * p.hq * p.batch;
+}
+
 // kTwoLevel: each tile's P·V goes to a fresh fp32 accumulator that is added to o (upstream's "fp32+fp32"; the tensor
 // cores' FP8 accumulation keeps fewer bits than fp32 across many tiles); otherwise P·V accumulates in o directly.
+// Persistent: program i runs items i, i + gridDim.x, ...; the K/V ring and its barrier phases run on across items,
+// so the producer loads the next item's Q and first tiles while the consumers finish the current one.
 template <int D, typename T, bool kTwoLevel>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_sm90_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
@@ -74,21 +99,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint8_t* const smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   uint64_t* const full = reinterpret_cast<uint64_t*>(smem + L::kBarOff);  // stage s holds tile data
   uint64_t* const empty = full + L::kStages;                              // stage s may be overwritten
-  uint64_t* const q_full = empty + L::kStages;
-
-  const int n_qblocks = (p.nq + kRows - 1) / kRows;
-  const int qblock = p.causal ? n_qblocks - 1 - blockIdx.x : blockIdx.x;  // longest causal programs first
-  const int h = blockIdx.y, b = blockIdx.z, hk = h / (p.hq / p.hk);
-  const int row0 = qblock * kRows;
-  int n_tiles = (p.nk + kKeys - 1) / kKeys;
-  if (p.causal) {
-    const int last_key = row0 + kRows - 1 + p.causal_offset;  // the last key any row of the program sees
-    n_tiles = last_key < 0 ? 0 : min(n_tiles, last_key / kKeys + 1);
-  }
+  uint64_t* const q_full = empty + L::kStages;                            // Q of the current item has arrived
+  uint64_t* const q_empty = q_full + 1;                                   // its Q·K^T products are all done
+  const int n_items = work_items(p);
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < L::kStages; ++s) mbar_init(&full[s], 1), mbar_init(&empty[s], 2 * 128);
-    mbar_init(q_full, 1);
+    mbar_init(q_full, 1), mbar_init(q_empty, 2 * 128);
     mbar_init_fence();
   }
   __syncthreads();
@@ -97,14 +114,20 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (wg == 0) {  // producer
     regs_dec<kProducerRegs>();
     if (threadIdx.x != 0) return;
-    mbar_arrive_expect_tx(q_full, L::kQBytes);
-    tma_load_3d(smem + L::kQOff, &q_map, 0, row0, b * p.hq + h, q_full);
-    for (int tile = 0; tile < n_tiles; ++tile) {
-      const int s = tile % L::kStages, round = tile / L::kStages;
-      if (round > 0) mbar_wait(&empty[s], (round - 1) & 1);
-      mbar_arrive_expect_tx(&full[s], L::kKBytes + L::kVBytes);
-      tma_load_3d(smem + L::kKOff + s * L::kKBytes, &k_map, 0, tile * kKeys, b * p.hk + hk, &full[s]);
-      tma_load_3d(smem + L::kVOff + s * L::kVBytes, &v_map, tile * kKeys, 0, b * p.hk + hk, &full[s]);
+    int ring = 0;  // tiles loaded so far: stage ring % kStages, in its round ring / kStages
+    for (int w = blockIdx.x, k = 0; w < n_items; w += gridDim.x, ++k) {
+      const Work wk = work_item(w, p);
+      if (k > 0) mbar_wait(q_empty, (k - 1) & 1);
+      mbar_arrive_expect_tx(q_full, L::kQBytes);
+      tma_load_3d(smem + L::kQOff, &q_map, 0, wk.row0, wk.b * p.hq + wk.h, q_full);
+      for (int tile = 0; tile < wk.n_tiles; ++tile, ++ring) {
+        const int s = ring % L::kStages, round = ring / L::kStages;
+        if (round > 0) mbar_wait(&empty[s], (round - 1) & 1);
+        mbar_arrive_expect_tx(&full[s], L::kKBytes + L::kVBytes);
+        const int kv_head = wk.b * p.hk + wk.hk;
+        tma_load_3d(smem + L::kKOff + s * L::kKBytes, &k_map, 0, tile * kKeys, kv_head, &full[s]);
+        tma_load_3d(smem + L::kVOff + s * L::kVBytes, &v_map, tile * kKeys, 0, kv_head, &full[s]);
+      }
     }
     return;
   }
@@ -112,92 +135,103 @@ __global__ void __launch_bounds__(kThreads, 1)
   regs_inc<kConsumerRegs>();
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int wrow = (wg - 1) * 64 + (threadIdx.x % 128) / 32 * 16 + g;  // this lane's rows: wrow and wrow + 8
-  const int64_t q_head = static_cast<int64_t>(b) * p.hq + h, k_head = static_cast<int64_t>(b) * p.hk + hk;
-  float qs[2], m[2], l[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    qs[i] = p.q_scale[q_head * p.nq_pad + row0 + wrow + 8 * i] * p.scale_log2;
-    m[i] = -INFINITY, l[i] = 0.f;
-  }
-  float o[D / 8][4] = {};  // the m16n8 layout: channels 8n + 2t + {0, 1} of rows g and g + 8
-  float(&o_flat)[D / 2] = reinterpret_cast<float(&)[D / 2]>(o);
-  float acc[kTwoLevel ? D / 2 : 1];  // two-level: the previous tile's P·V until it is added to o
-  uint32_t pa[4][4];                 // the previous tile's P, read by its P·V while this tile's softmax runs
   const uint32_t q_smem = ptx::smem_addr(smem + L::kQOff + (wg - 1) * 64 * D);
   auto v_smem = [&](int stage) { return ptx::smem_addr(smem + L::kVOff + stage * L::kVBytes); };
-  auto issue_pv = [&](int stage) {  // the previous tile's P·V, in flight until the next wgmma_wait<0>
-    if constexpr (kTwoLevel) pv_issue<D>(acc, pa, v_smem(stage), true);
-    else pv_issue<D>(o_flat, pa, v_smem(stage), false);
-    wgmma_commit();
-  };
-  mbar_wait(q_full, 0);
+  float acc[kTwoLevel ? D / 2 : 1];  // two-level: the previous tile's P·V until it is added to o
+  uint32_t pa[4][4];                 // the previous tile's P, read by its P·V while this tile's softmax runs
+  int ring = 0;                      // tiles consumed so far, as the producer counts them
 
-  // Software pipeline: the tensor cores run tile j - 1's P·V while this warpgroup runs tile j's softmax.
-  for (int tile = 0; tile < n_tiles; ++tile) {
-    const int s = tile % L::kStages, prev = (tile + L::kStages - 1) % L::kStages;
-    const int key0 = tile * kKeys;
-    // K scales of the tile's two 64-key quantization periods (keys past nk_pad are masked below)
-    float ks[2];
+  for (int w = blockIdx.x, k = 0; w < n_items; w += gridDim.x, ++k) {
+    const Work wk = work_item(w, p);
+    const int row0 = wk.row0;
+    const int64_t q_head = static_cast<int64_t>(wk.b) * p.hq + wk.h, k_head = static_cast<int64_t>(wk.b) * p.hk + wk.hk;
+    float qs[2], m[2], l[2];
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int key = key0 + 64 * half + 2 * t;
-      ks[half] = key < p.nk_pad ? p.k_scale[k_head * p.nk_pad + key] : 0.f;
+    for (int i = 0; i < 2; ++i) {
+      qs[i] = p.q_scale[q_head * p.nq_pad + row0 + wrow + 8 * i] * p.scale_log2;
+      m[i] = -INFINITY, l[i] = 0.f;
     }
-    mbar_wait(&full[s], (tile / L::kStages) & 1);
+    float o[D / 8][4] = {};  // the m16n8 layout: channels 8n + 2t + {0, 1} of rows g and g + 8
+    float(&o_flat)[D / 2] = reinterpret_cast<float(&)[D / 2]>(o);
+    auto issue_pv = [&](int stage) {  // the previous tile's P·V, in flight until the next wgmma_wait<0>
+      if constexpr (kTwoLevel) pv_issue<D>(acc, pa, v_smem(stage), true);
+      else pv_issue<D>(o_flat, pa, v_smem(stage), false);
+      wgmma_commit();
+    };
+    mbar_wait(q_full, k & 1);
+    if (wk.n_tiles == 0) mbar_arrive(q_empty);  // no key for these rows: Q is not read
 
-    int sc[64];
-    const uint32_t k_smem = ptx::smem_addr(smem + L::kKOff + s * L::kKBytes);
-    wgmma_fence();  // orders this thread's writes of o, acc and pa before the MMAs that read them
+    // Software pipeline: the tensor cores run tile j - 1's P·V while this warpgroup runs tile j's softmax.
+    for (int tile = 0; tile < wk.n_tiles; ++tile) {
+      const int s = (ring + tile) % L::kStages, prev = (ring + tile + L::kStages - 1) % L::kStages;
+      const int key0 = tile * kKeys;
+      // K scales of the tile's two 64-key quantization periods (keys past nk_pad are masked below)
+      float ks[2];
 #pragma unroll
-    for (int kk = 0; kk < D / 32; ++kk)
-      wgmma_s8_m64n128k32(sc, smem_desc<D>(q_smem + 32 * kk), smem_desc<D>(k_smem + 32 * kk), kk > 0);
-    wgmma_commit();
-    if (tile > 0) {
-      issue_pv(prev);
-      wgmma_wait<1>();  // S of this tile (committed first) is complete; P·V of the previous tile may still run
-    } else {
-      wgmma_wait<0>();
+      for (int half = 0; half < 2; ++half) {
+        const int key = key0 + 64 * half + 2 * t;
+        ks[half] = key < p.nk_pad ? p.k_scale[k_head * p.nk_pad + key] : 0.f;
+      }
+      mbar_wait(&full[s], ((ring + tile) / L::kStages) & 1);
+
+      int sc[64];
+      const uint32_t k_smem = ptx::smem_addr(smem + L::kKOff + s * L::kKBytes);
+      wgmma_fence();  // orders this thread's writes of o, acc and pa before the MMAs that read them
+#pragma unroll
+      for (int kk = 0; kk < D / 32; ++kk)
+        wgmma_s8_m64n128k32(sc, smem_desc<D>(q_smem + 32 * kk), smem_desc<D>(k_smem + 32 * kk), kk > 0);
+      wgmma_commit();
+      if (tile > 0) {
+        issue_pv(prev);
+        wgmma_wait<1>();  // S of this tile (committed first) is complete; P·V of the previous tile may still run
+      } else {
+        wgmma_wait<0>();
+      }
+      if (tile == wk.n_tiles - 1) mbar_arrive(q_empty);  // the producer may load the next item's Q
+
+      // scores in log2 units, masked; online softmax per row (a row's 128 scores live in the 4 lanes of a quad)
+      const bool needs_mask =
+          key0 + kKeys > p.nk || (p.causal && key0 + kKeys - 1 > row0 + wrow - g + p.causal_offset);
+      float x[16][4];
+#pragma unroll
+      for (int j = 0; j < 16; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) x[j][e] = static_cast<float>(sc[4 * j + e]) * (qs[e / 2] * ks[j / 8]);
+      if (needs_mask) mask_scores<16>(x, key0, t, row0 + wrow, p);
+      float alpha[2];
+      softmax_step<16, true>(x, m, l, alpha);
+
+      if (tile > 0) {  // tile 0: o is still zero
+        wgmma_wait<0>();
+        mbar_arrive(&empty[prev]);  // this thread's MMAs of the previous stage have completed
+        if constexpr (kTwoLevel) {
+#pragma unroll
+          for (int i = 0; i < D / 2; ++i) o_flat[i] += acc[i];
+        }
+        // once the row maxima settle (long sequences) alpha is exactly 1 for the whole warp: skip the multiplies
+        if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+          for (int i = 0; i < D / 2; ++i) o_flat[i] *= alpha[(i % 4) / 2];
+        }
+      }
+      pack_p(x, pa);
     }
-
-    // scores in log2 units, masked; online softmax per row (a row's 128 scores live in the 4 lanes of a quad)
-    const bool needs_mask = key0 + kKeys > p.nk || (p.causal && key0 + kKeys - 1 > row0 + wrow - g + p.causal_offset);
-    float x[16][4];
-#pragma unroll
-    for (int j = 0; j < 16; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) x[j][e] = static_cast<float>(sc[4 * j + e]) * (qs[e / 2] * ks[j / 8]);
-    if (needs_mask) mask_scores<16>(x, key0, t, row0 + wrow, p);
-    float alpha[2];
-    softmax_step<16, true>(x, m, l, alpha);
-
-    if (tile > 0) {  // tile 0: o is still zero
+    if (wk.n_tiles > 0) {  // the last tile's P·V
+      const int last = (ring + wk.n_tiles - 1) % L::kStages;
+      wgmma_fence();
+      issue_pv(last);
       wgmma_wait<0>();
-      mbar_arrive(&empty[prev]);  // this thread's MMAs of the previous stage have completed
+      mbar_arrive(&empty[last]);
       if constexpr (kTwoLevel) {
 #pragma unroll
         for (int i = 0; i < D / 2; ++i) o_flat[i] += acc[i];
       }
-      // once the row maxima settle (long sequences) alpha is exactly 1 for the whole warp: skip the multiplies
-      if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
-#pragma unroll
-        for (int i = 0; i < D / 2; ++i) o_flat[i] *= alpha[(i % 4) / 2];
-      }
     }
-    pack_p(x, pa);
-  }
-  if (n_tiles > 0) {  // the last tile's P·V
-    const int last = (n_tiles - 1) % L::kStages;
-    wgmma_fence();
-    issue_pv(last);
-    wgmma_wait<0>();
-    if constexpr (kTwoLevel) {
-#pragma unroll
-      for (int i = 0; i < D / 2; ++i) o_flat[i] += acc[i];
-    }
-  }
+    ring += wk.n_tiles;
 
-  store_rows<true, D, T>(p, static_cast<T*>(p.out) + b * p.o_sb + h * p.o_sh, k_head, q_head, row0 + wrow, t, o, m,
-                         l);
+    store_rows<true, D, T>(p, static_cast<T*>(p.out) + wk.b * p.o_sb + wk.h * p.o_sh, k_head, q_head, row0 + wrow, t,
+                           o, m, l);
+  }
 }
 
 // The tensor maps of a call (family.cu builds them): INT8 Q [B * Hq, nq_pad, D] and K [B * Hk, nk_pad, D] in boxes
@@ -211,7 +245,13 @@ template <int D, typename T, bool kTwoLevel>
 void launch_attention_sm90(const TensorMaps& maps, const AttentionParams& p, cudaStream_t stream) {
   constexpr auto kernel = attention_sm90_kernel<D, T, kTwoLevel>;
   raise_dynamic_smem<kernel>(Layout<D>::kSmem);
-  const dim3 grid((p.nq + kRows - 1) / kRows, p.hq, p.batch);
+  // One program per SM, each running several items (all items take equally long). Causal items differ in length:
+  // one program each, so the hardware hands the next item to whichever SM frees first.
+  int device = 0, sms = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  const int items = work_items(p);
+  const int grid = p.causal ? items : std::min(items, sms);
   kernel<<<grid, kThreads, Layout<D>::kSmem, stream>>>(maps.q, maps.k, maps.v, p);
 }
 
