@@ -1,4 +1,5 @@
-"""Small odd shapes through both compiled modules, and packed varlen batches through the Triton kernels, for
+"""Small odd shapes through the compiled modules (one with more 128-row items than an H100/H200 has SMs, so the sm90
+kernel's persistent programs run several each), and packed varlen batches through the Triton kernels, for
 `compute-sanitizer --tool memcheck` (test_cuda_kernels.py).
 
     compute-sanitizer --tool memcheck python tests/sageattention/memcheck_cases.py
@@ -11,7 +12,7 @@ import torch
 
 CASES = [  # (b, hq, hk, nq, nk, d, causal, nhd)
     (1, 1, 1, 1, 1, 64, False, False), (1, 2, 1, 17, 77, 64, True, True), (2, 2, 2, 77, 17, 80, False, False),
-    (1, 4, 2, 129, 65, 128, True, False), (1, 1, 1, 200, 300, 60, False, True),
+    (1, 4, 2, 129, 65, 128, True, False), (1, 1, 1, 200, 300, 60, False, True), (2, 70, 35, 300, 130, 64, False, False),
 ]
 
 VARLEN_CASES = [  # (q lengths, k lengths, causal): odd lengths, a sequence with no tokens, one with no keys
