@@ -31,10 +31,12 @@ pytest_named() {  # pytest, then its failures and totals from the log (the log k
   grep -E "^(FAILED|ERROR) |[0-9]+ (passed|failed)" "$OUT/pytest.log" | tail -80
 }
 if [ "$mode" = hopper ]; then
-  PYTEST_LIMIT=${PYTEST_LIMIT:-180} pytest_named -n 8 tests/sageattention/test_cuda_kernels.py tests/sageattention/test_compile.py
+  # --timeout: a kernel that hangs (a barrier phase gone wrong) is named within a minute instead of eating the call
+  PYTEST_LIMIT=${PYTEST_LIMIT:-180} pytest_named -n 8 --timeout 60 tests/sageattention/test_cuda_kernels.py \
+    tests/sageattention/test_compile.py
   timeout -s INT 150 python3 -m bench.run --quick --suite fa3 --out "$OUT" \
     --methods "sm90 wgmma e2e,sage e2e,sdpa cudnn bf16" 2>&1 | tee "$OUT/bench.log"
-  python3 -m bench.profile --family sm90 >"$OUT/profile.log" 2>&1
+  timeout 60 python3 -m bench.profile --family sm90 >"$OUT/profile.log" 2>&1
   ! command -v ncu >/dev/null || timeout 90 ncu --set full -k regex:attention_sm90 -c 1 \
     python3 -m bench.profile --family sm90 >"$OUT/ncu.log" 2>&1
   exit
