@@ -31,8 +31,8 @@ pytest_named() {  # pytest, then its failures and totals from the log (the log k
   grep -E "^(FAILED|ERROR) |[0-9]+ (passed|failed)" "$OUT/pytest.log" | tail -80
 }
 if [ "$mode" = hopper ]; then
-  # --timeout: a kernel that hangs (a barrier phase gone wrong) is named within a minute instead of eating the call
-  PYTEST_LIMIT=${PYTEST_LIMIT:-180} pytest_named -n 8 --timeout 60 tests/sageattention/test_cuda_kernels.py \
+  # --timeout: a kernel that hangs (a barrier phase gone wrong) is named instead of eating the call (memcheck: ~90 s)
+  PYTEST_LIMIT=${PYTEST_LIMIT:-180} pytest_named -n 8 --timeout 150 tests/sageattention/test_cuda_kernels.py \
     tests/sageattention/test_compile.py
   timeout -s INT 150 python3 -m bench.run --quick --suite fa3 --out "$OUT" \
     --methods "sm90 wgmma e2e,sage e2e,sdpa cudnn bf16" 2>&1 | tee "$OUT/bench.log"
