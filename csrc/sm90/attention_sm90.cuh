@@ -1,11 +1,12 @@
 // The sm90 attention kernel (sm_90a): INT8 Q·K^T and FP8 e4m3 P·V on warpgroup MMAs, K/V tiles by the bulk tensor
 // copy engine, producer/consumer warp specialization.
 //
-// A program owns 128 query rows of one head and three warpgroups: warpgroup 0 is the producer (one thread issues
-// the copies of Q once and of K and V^T tiles of 128 keys into a ring of kStages shared-memory stages; the
-// warpgroup gives its registers up), warpgroups 1 and 2 are consumers of 64 rows each. Per tile a consumer runs
-// S = Q·K^T (wgmma m64n128k32 s8, both operands in shared memory), the online softmax on S in registers, then
-// O += P·V (wgmma m64nDk32 e4m3, P from registers, V^T in shared memory), and frees the stage.
+// A program has three warpgroups and runs work items of 128 query rows of one head: warpgroup 0 is the producer
+// (one thread issues the copies of each item's Q and of its K and V^T tiles of 128 keys into a ring of kStages
+// shared-memory stages; the warpgroup gives its registers up), warpgroups 1 and 2 are consumers of 64 rows each. Per
+// tile a consumer runs S = Q·K^T (wgmma m64n128k32 s8, both operands in shared memory), the online softmax on S in
+// registers, and O += P·V (wgmma m64nDk32 e4m3, P from registers, V^T in shared memory) overlapped with the next
+// tile's softmax, then frees the stage.
 // The accumulator layout per warp is that of mma.sync m16n8 (rows g and g + 8 of the warp's 16, columns 2t, 2t + 1
 // of every 8-column slice) and the 8-bit A-register layout that of mma.sync m16n8k32, so prepare()'s quantization
 // groups and FP8 key order (fp8_key_slot) serve this kernel unchanged (csrc/common/attention.cuh explains them).
@@ -20,7 +21,7 @@
 
 namespace sage::sm90 {
 
-constexpr int kRows = 128;        // query rows per program
+constexpr int kRows = 128;        // query rows per work item
 constexpr int kKeys = 128;        // keys per tile
 constexpr int kThreads = 384;     // producer warpgroup + two consumer warpgroups
 constexpr int kProducerRegs = 24, kConsumerRegs = 240;  // 128 * 24 + 256 * 240 <= 64 K registers
