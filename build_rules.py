@@ -157,12 +157,32 @@ def family_sources(family: str, root: Path = ROOT) -> list[str]:
     return sources
 
 
+def only_families(extensions: list[Extension], names: str | None, arch_list: str) -> list[Extension]:
+    """SAGE_BUILD_FAMILIES (e.g. "sm90" or "sm80,sm89"): build only these of the planned modules, for kernel work or
+    to build the modules in parallel processes. None or empty: all of them."""
+    if not names:
+        return extensions
+    wanted = [n for n in re.split(r"[;, ]+", names.strip()) if n]
+    unknown = [n for n in wanted if n not in archs.FAMILIES]
+    if unknown:
+        raise BuildConfigError(f"SAGE_BUILD_FAMILIES names {', '.join(unknown)}; the families are "
+                               f"{', '.join(archs.FAMILIES)}")
+    planned = {e.name.removeprefix("sageattention._C_"): e for e in extensions}
+    missing = [n for n in wanted if n not in planned]
+    if missing:
+        raise BuildConfigError(f"SAGE_BUILD_FAMILIES names {', '.join(missing)}, which TORCH_CUDA_ARCH_LIST="
+                               f"{arch_list} does not build (it builds {', '.join(planned) or 'nothing'})")
+    return [planned[n] for n in dict.fromkeys(wanted)]
+
+
 def plan(arch_list: str | None, nvcc_version_output: str, nvcc_arch_output: str,
-         root: Path = ROOT) -> list[Extension]:
-    """The extensions to build for TORCH_CUDA_ARCH_LIST (None or empty: every arch nvcc supports) and this nvcc."""
+         root: Path = ROOT, families: str | None = None) -> list[Extension]:
+    """The extensions to build for TORCH_CUDA_ARCH_LIST (None or empty: every arch nvcc supports) and this nvcc,
+    narrowed to `families` (SAGE_BUILD_FAMILIES) when given."""
     nvcc = parse_nvcc_version(nvcc_version_output)
     nvcc_archs = parse_nvcc_archs(nvcc_arch_output)
-    targets = parse_arch_list(arch_list or default_arch_list(nvcc_archs))
+    arch_list = arch_list or default_arch_list(nvcc_archs)
+    targets = parse_arch_list(arch_list)
     check_nvcc(targets, nvcc, nvcc_archs)
     extensions = []
     for family, info in archs.FAMILIES.items():
@@ -173,4 +193,4 @@ def plan(arch_list: str | None, nvcc_version_output: str, nvcc_arch_output: str,
         if info["pv"] == "fp8" and nvcc >= archs.version_tuple(archs.FP8_F16_ACCUM_MIN_CUDA):
             flags.append(FP8_F16_ACCUM_MACRO)
         extensions.append(Extension(f"sageattention._C_{family}", family_sources(family, root), flags))
-    return extensions
+    return only_families(extensions, families, arch_list)

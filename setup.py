@@ -3,7 +3,8 @@
 SAGE_BUILD_CUDA=1 builds them or fails, =0 gives a pure-Python package (Triton kernels only); unset, they are
 built when torch with CUDA and nvcc are present (pip install --no-build-isolation .), else the reason is printed.
 TORCH_CUDA_ARCH_LIST picks the archs (default: every supported arch nvcc can target), MAX_JOBS the parallel
-compile jobs. Neither a GPU nor its driver is needed. The rules are in build_rules.py; docs/building.md.
+compile jobs, SAGE_BUILD_FAMILIES (e.g. "sm90") only some of the modules. Neither a GPU nor its driver is needed.
+The rules are in build_rules.py; docs/building.md.
 """
 import os
 import shutil
@@ -43,7 +44,8 @@ def cuda_build_args() -> dict:
     def ask_nvcc(flag: str) -> str:
         return subprocess.run([nvcc, flag], capture_output=True, text=True, check=True).stdout
 
-    plan = build_rules.plan(os.environ.get("TORCH_CUDA_ARCH_LIST"), ask_nvcc("--version"), ask_nvcc("--list-gpu-arch"))
+    plan = build_rules.plan(os.environ.get("TORCH_CUDA_ARCH_LIST"), ask_nvcc("--version"), ask_nvcc("--list-gpu-arch"),
+                            families=os.environ.get("SAGE_BUILD_FAMILIES"))
     cxx_flags = ["/O2"] if sys.platform == "win32" else ["-O3"]
     extensions = []
     for ext in plan:

@@ -18,8 +18,15 @@ mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 arch=$(python3 -c "import torch; print('%d.%d' % torch.cuda.get_device_capability())")
-TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-$arch} MAX_JOBS=${MAX_JOBS:-16} SAGE_BUILD_CUDA=1 \
-  python3 setup.py build_ext --inplace >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+# One process per family, each in its own build directories: setuptools builds a process's modules one at a time.
+export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-$arch} MAX_JOBS=${MAX_JOBS:-6} SAGE_BUILD_CUDA=1
+families=$(python3 -c "import build_rules as b, os; t = b.parse_arch_list(os.environ['TORCH_CUDA_ARCH_LIST'])
+print(' '.join(f for f in b.archs.FAMILIES if b.family_targets(t, f)))")
+for f in $families; do
+  SAGE_BUILD_FAMILIES=$f python3 setup.py build_ext --inplace --build-temp "build/temp_$f" --build-lib "build/lib_$f" \
+    >"$OUT/build_$f.log" 2>&1 &
+done
+for f in $families; do wait -n || { tail -n 30 "$OUT"/build_*.log; exit 1; }; done
 if [ "$mode" = models ]; then
   [ "$#" -gt 0 ] || set -- --first-call --spread 3
   python3 -m bench.models --out "$OUT" "$@" 2>&1 | tee "$OUT/models.log"

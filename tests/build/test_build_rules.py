@@ -92,6 +92,20 @@ def test_a_family_with_no_arch_in_the_list_is_not_built(csrc):
     assert list(flags_of(plan("8.0;8.6;8.7", *NVCC_13_0, root=csrc))) == ["sm80"]
 
 
+@pytest.mark.parametrize("names, built", [("sm90", ["sm90"]), ("sm89, sm80", ["sm89", "sm80"]), ("", None),
+                                          (None, None)])
+def test_sage_build_families_narrows_the_plan(csrc, names, built):
+    found = list(flags_of(plan("8.0;9.0", *NVCC_13_0, root=csrc, families=names)))
+    assert found == (built or ["sm80", "sm89", "sm90"])
+
+
+@pytest.mark.parametrize("names, message", [("sm75", "the families are sm80, sm89, sm90"),
+                                            ("sm90", "TORCH_CUDA_ARCH_LIST=8.0;8.9 does not build")])
+def test_sage_build_families_names_what_it_cannot_build(csrc, names, message):
+    with pytest.raises(BuildConfigError, match=message):
+        plan("8.0;8.9", *NVCC_13_0, root=csrc, families=names)
+
+
 def test_family_targets_follow_archs_py_floors():
     targets = parse_arch_list("8.6;8.9;12.1")
     assert family_targets(targets, "sm80") == targets
