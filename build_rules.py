@@ -132,6 +132,11 @@ def family_targets(targets: list[Target], family: str) -> list[Target]:
     return [t for t in targets if archs.version_tuple(t.arch) >= floor]
 
 
+def families_for(targets: list[Target]) -> list[str]:
+    """The families (extension modules) that have an arch among the targets, in archs.py's order."""
+    return [family for family in archs.FAMILIES if family_targets(targets, family)]
+
+
 def check_nvcc(targets: list[Target], nvcc: tuple[int, int], nvcc_archs: set[str]) -> None:
     """nvcc must target every arch and be new enough for every family it compiles."""
     missing = [t.arch for t in targets if t.arch not in nvcc_archs]
@@ -139,9 +144,9 @@ def check_nvcc(targets: list[Target], nvcc: tuple[int, int], nvcc_archs: set[str
         raise BuildConfigError(f"nvcc {_version(nvcc)} cannot compile for {', '.join(missing)} (it targets "
                                f"{', '.join(sorted(nvcc_archs, key=archs.version_tuple))}); use a newer CUDA "
                                "toolkit or drop these archs from TORCH_CUDA_ARCH_LIST")
-    for family, info in archs.FAMILIES.items():
-        chosen = family_targets(targets, family)
-        if chosen and nvcc < archs.version_tuple(info["min_cuda"]):
+    for family in families_for(targets):
+        chosen, info = family_targets(targets, family), archs.FAMILIES[family]
+        if nvcc < archs.version_tuple(info["min_cuda"]):
             raise BuildConfigError(
                 f"{family} kernels (archs {', '.join(t.arch for t in chosen)}) need CUDA >= {info['min_cuda']}; "
                 f"nvcc is {_version(nvcc)}. Use a newer CUDA toolkit or drop these archs from TORCH_CUDA_ARCH_LIST")
@@ -185,12 +190,9 @@ def plan(arch_list: str | None, nvcc_version_output: str, nvcc_arch_output: str,
     targets = parse_arch_list(arch_list)
     check_nvcc(targets, nvcc, nvcc_archs)
     extensions = []
-    for family, info in archs.FAMILIES.items():
-        chosen = family_targets(targets, family)
-        if not chosen:
-            continue
-        flags = NVCC_FLAGS + [flag for t in chosen for flag in t.gencode()]
-        if info["pv"] == "fp8" and nvcc >= archs.version_tuple(archs.FP8_F16_ACCUM_MIN_CUDA):
+    for family in families_for(targets):
+        flags = NVCC_FLAGS + [flag for t in family_targets(targets, family) for flag in t.gencode()]
+        if archs.FAMILIES[family]["pv"] == "fp8" and nvcc >= archs.version_tuple(archs.FP8_F16_ACCUM_MIN_CUDA):
             flags.append(FP8_F16_ACCUM_MACRO)
         extensions.append(Extension(f"sageattention._C_{family}", family_sources(family, root), flags))
     return only_families(extensions, families, arch_list)

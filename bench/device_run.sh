@@ -20,8 +20,8 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 arch=$(python3 -c "import torch; print('%d.%d' % torch.cuda.get_device_capability())")
 # One process per family, each in its own build directories: setuptools builds a process's modules one at a time.
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-$arch} MAX_JOBS=${MAX_JOBS:-6} SAGE_BUILD_CUDA=1
-families=$(python3 -c "import build_rules as b, os; t = b.parse_arch_list(os.environ['TORCH_CUDA_ARCH_LIST'])
-print(' '.join(f for f in b.archs.FAMILIES if b.family_targets(t, f)))")
+families=$(python3 -c "import build_rules as b, os
+print(' '.join(b.families_for(b.parse_arch_list(os.environ['TORCH_CUDA_ARCH_LIST']))))")
 for f in $families; do
   SAGE_BUILD_FAMILIES=$f python3 setup.py build_ext --inplace --build-temp "build/temp_$f" --build-lib "build/lib_$f" \
     >"$OUT/build_$f.log" 2>&1 &

@@ -68,14 +68,15 @@ __device__ __forceinline__ void pv_issue(float (&d)[D / 2], const uint32_t (&a)[
 // A work item: 128 query rows of one head. Items are numbered query block fastest, so the programs running at
 // once share a head's K and V in L2; causal items run their longest (last) query block first.
 struct Work {
-  int row0, h, b, hk, n_tiles;
+  int row0, h, b, n_tiles;
+  int q_head, kv_head;  // b * hq + h and b * hk + h's K/V head: the tensor maps' outer coordinate
 };
 
 __device__ __forceinline__ Work work_item(int w, const AttentionParams& p) {
   const int n_qblocks = (p.nq + kRows - 1) / kRows;
   const int qblock = p.causal ? n_qblocks - 1 - w % n_qblocks : w % n_qblocks;
   const int h = w / n_qblocks % p.hq, b = w / n_qblocks / p.hq;
-  Work wk{qblock * kRows, h, b, h / (p.hq / p.hk), (p.nk + kKeys - 1) / kKeys};
+  Work wk{qblock * kRows, h, b, (p.nk + kKeys - 1) / kKeys, b * p.hq + h, b * p.hk + h / (p.hq / p.hk)};
   if (p.causal) {
     const int last_key = wk.row0 + kRows - 1 + p.causal_offset;  // the last key any row of the item sees
     wk.n_tiles = last_key < 0 ? 0 : min(wk.n_tiles, last_key / kKeys + 1);
@@ -120,14 +121,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       const Work wk = work_item(w, p);
       if (k > 0) mbar_wait(q_empty, (k - 1) & 1);
       mbar_arrive_expect_tx(q_full, L::kQBytes);
-      tma_load_3d(smem + L::kQOff, &q_map, 0, wk.row0, wk.b * p.hq + wk.h, q_full);
+      tma_load_3d(smem + L::kQOff, &q_map, 0, wk.row0, wk.q_head, q_full);
       for (int tile = 0; tile < wk.n_tiles; ++tile, ++ring) {
         const int s = ring % L::kStages, round = ring / L::kStages;
         if (round > 0) mbar_wait(&empty[s], (round - 1) & 1);
         mbar_arrive_expect_tx(&full[s], L::kKBytes + L::kVBytes);
-        const int kv_head = wk.b * p.hk + wk.hk;
-        tma_load_3d(smem + L::kKOff + s * L::kKBytes, &k_map, 0, tile * kKeys, kv_head, &full[s]);
-        tma_load_3d(smem + L::kVOff + s * L::kVBytes, &v_map, tile * kKeys, 0, kv_head, &full[s]);
+        tma_load_3d(smem + L::kKOff + s * L::kKBytes, &k_map, 0, tile * kKeys, wk.kv_head, &full[s]);
+        tma_load_3d(smem + L::kVOff + s * L::kVBytes, &v_map, tile * kKeys, 0, wk.kv_head, &full[s]);
       }
     }
     return;
@@ -145,7 +145,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int w = blockIdx.x, k = 0; w < n_items; w += gridDim.x, ++k) {
     const Work wk = work_item(w, p);
     const int row0 = wk.row0;
-    const int64_t q_head = static_cast<int64_t>(wk.b) * p.hq + wk.h, k_head = static_cast<int64_t>(wk.b) * p.hk + wk.hk;
+    const int64_t q_head = wk.q_head, k_head = wk.kv_head;
     float qs[2], m[2], l[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
