@@ -27,6 +27,9 @@ for f in $families; do
     >"$OUT/build_$f.log" 2>&1 &
 done
 for f in $families; do wait -n || { tail -n 30 "$OUT"/build_*.log; exit 1; }; done
+# One build log comes back (the device returns at most 8 files): each family's last lines.
+for f in $families; do echo "== $f"; tail -n 5 "$OUT/build_$f.log"; done >"$OUT/build.log"; rm -f "$OUT"/build_*.log
+echo "built $families in ${SECONDS} s"
 if [ "$mode" = models ]; then
   [ "$#" -gt 0 ] || set -- --first-call --spread 3
   python3 -m bench.models --out "$OUT" "$@" 2>&1 | tee "$OUT/models.log"
@@ -44,8 +47,12 @@ if [ "$mode" = hopper ]; then
   timeout -s INT 150 python3 -m bench.run --quick --suite fa3 --out "$OUT" \
     --methods "sm90 wgmma e2e,sage e2e,sdpa cudnn bf16" 2>&1 | tee "$OUT/bench.log"
   timeout 60 python3 -m bench.profile --family sm90 >"$OUT/profile.log" 2>&1
-  ! command -v ncu >/dev/null || timeout 90 ncu --set full -k regex:attention_sm90 -c 1 \
-    python3 -m bench.profile --family sm90 >"$OUT/ncu.log" 2>&1
+  # ncu: the attention kernel's stall reasons and pipe utilization, then the two preparation kernels' speed of light
+  stalls='regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio'
+  pipes='regex:sm__(pipe_.*_cycles_active|inst_executed_pipe_.*)\.avg\.pct_of_peak_sustained_active'
+  ! command -v ncu >/dev/null || { timeout 60 ncu --section SpeedOfLight --section LaunchStats --metrics "$stalls,$pipes" \
+    -k regex:attention_sm90 -c 1 python3 -m bench.profile --family sm90; timeout 40 ncu --section SpeedOfLight \
+    -k regex:prepare -c 2 python3 -m bench.profile --family sm90; } >"$OUT/ncu.log" 2>&1
   exit
 fi
 if [ "$mode" = suite ]; then

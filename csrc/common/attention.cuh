@@ -227,10 +227,25 @@ __device__ __forceinline__ void mask_scores(float (&x)[J][4], int key0, int t, i
       if (key0 + 8 * j + 2 * t + (e & 1) > last[e / 2]) x[j][e] = -INFINITY;
 }
 
+// The online-softmax update of one row after a tile whose maximum in this lane is mx (combined here over the quad
+// of lanes holding the row): m becomes the running max, alpha the factor that rescales what was accumulated before
+// the tile, and the result is the exponent shift of the tile's scores (minus log2(448) where kStretch: FP8 P·V takes
+// P * 448, one subtraction instead of a multiply per score).
+template <bool kStretch>
+__device__ __forceinline__ float online_max(float mx, float& m, float& alpha) {
+#pragma unroll
+  for (int off = 1; off < 4; off *= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+  const float new_m = fmaxf(m, mx);
+  // a row that has seen only masked keys keeps max -inf; subtract 0 there so exp2 gives 0, not NaN
+  const float base = new_m == -INFINITY ? 0.f : new_m;
+  alpha = exp2_approx(m - base);
+  m = new_m;
+  return kStretch ? base - kLog2PScale : base;
+}
+
 // One online-softmax step for a lane's two rows (g and g + 8) over J 8-key slices of a tile, the 4 lanes of a quad
-// holding a row between them: x (scores in log2 units) becomes P = exp2(x - max), times 448 where kStretch (FP8
-// P·V: one subtraction instead of a multiply per score); m and l are the rows' running max and sum (of P as
-// stretched); alpha is the factor that rescales what was accumulated before this tile.
+// holding a row between them: x (scores in log2 units) becomes P = exp2(x - max) (times 448 where kStretch); m and
+// l are the rows' running max and sum (of P as stretched); alpha as online_max.
 template <int J, bool kStretch = false>
 __device__ __forceinline__ void softmax_step(float (&x)[J][4], float (&m)[2], float (&l)[2], float (&alpha)[2]) {
   float mx[2] = {-INFINITY, -INFINITY};
@@ -240,14 +255,7 @@ __device__ __forceinline__ void softmax_step(float (&x)[J][4], float (&m)[2], fl
     for (int e = 0; e < 4; ++e) mx[e / 2] = fmaxf(mx[e / 2], x[j][e]);
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-#pragma unroll
-    for (int off = 1; off < 4; off *= 2) mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], off));
-    const float new_m = fmaxf(m[i], mx[i]);
-    // a row that has seen only masked keys keeps max -inf; subtract 0 there so exp2 gives 0, not NaN
-    const float base = new_m == -INFINITY ? 0.f : new_m;
-    alpha[i] = exp2_approx(m[i] - base);
-    m[i] = new_m;
-    const float shift = kStretch ? base - kLog2PScale : base;
+    const float shift = online_max<kStretch>(mx[i], m[i], alpha[i]);
     float sum = 0.f;
 #pragma unroll
     for (int j = 0; j < J; ++j) {
@@ -273,6 +281,15 @@ template <bool kFp8, int D, typename T>
 __device__ __forceinline__ void store_rows(const AttentionParams& p, T* out, int64_t k_head, int64_t q_head, int row,
                                            int t, const float (&o)[D / 8][4], const float (&m)[2],
                                            const float (&l)[2]) {
+  // The V scale and mean of this lane's channels (both rows use them), loaded before any use so that their L2
+  // round trips overlap; the arrays are d_pad long, so channels past d read padding.
+  float2 v_scale[D / 8], v_mean[D / 8];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) {
+    const int64_t c = k_head * D + n * 8 + 2 * t;
+    v_scale[n] = kFp8 ? *reinterpret_cast<const float2*>(p.v_scale + c) : float2{1.f, 1.f};
+    v_mean[n] = p.v_mean != nullptr ? *reinterpret_cast<const float2*>(p.v_mean + c) : float2{0.f, 0.f};
+  }
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const float sum = quad_sum(l[i]);  // kFp8: stretched by 448
@@ -282,17 +299,16 @@ __device__ __forceinline__ void store_rows(const AttentionParams& p, T* out, int
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) {
       const int c = n * 8 + 2 * t;
-      if (c >= p.d) continue;
       float y0 = o[n][2 * i] * inv, y1 = o[n][2 * i + 1] * inv;
       if constexpr (kFp8) {
         // Exact attention is a weighted mean of V, so |out| <= v_max quantized units per channel; e4m3's rounding of
         // P (up to 1/16) can carry the quantized mean past that, to inf in fp16 for |V| near 65504. Clamping to the
         // bound only moves it toward the exact value.
-        y0 = clamp_keep_nan(y0, p.v_max) * p.v_scale[k_head * D + c];
-        y1 = clamp_keep_nan(y1, p.v_max) * p.v_scale[k_head * D + c + 1];
+        y0 = clamp_keep_nan(y0, p.v_max) * v_scale[n].x;
+        y1 = clamp_keep_nan(y1, p.v_max) * v_scale[n].y;
       }
-      if (p.v_mean != nullptr && sum > 0.f) y0 += p.v_mean[k_head * D + c], y1 += p.v_mean[k_head * D + c + 1];
-      store2<T>(out + r * p.o_sn + c, y0, y1, c + 1 < p.d);
+      if (sum > 0.f) y0 += v_mean[n].x, y1 += v_mean[n].y;
+      if (c < p.d) store2<T>(out + r * p.o_sn + c, y0, y1, c + 1 < p.d);
     }
     if (p.lse != nullptr && t == 0) {
       const float log2_sum = __log2f(sum) - (kFp8 ? kLog2PScale : 0.f);

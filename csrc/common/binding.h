@@ -83,7 +83,9 @@ inline Workspace prepare(const Views& x, int q_gran, int k_gran, int v_mode, boo
   p.q_gran = q_gran, p.k_gran = k_gran, p.v_mode = v_mode, p.smooth_k = smooth_k, p.smooth_v = smooth_v;
   p.v_fp8_max = v_fp8_max;
   const int64_t k_blocks = p.nk_pad / sage::kKBlock;
-  p.n_chunks = static_cast<int>(std::min<int64_t>(16, k_blocks));
+  // statistics chunks of at least 4 key blocks (the per-chunk reduction costs about as much as reading 256 tokens),
+  // at most 16 per head (every K/V program sums them all)
+  p.n_chunks = static_cast<int>(std::min<int64_t>(16, (k_blocks + 3) / 4));
   p.chunk_len = static_cast<int>(round_up(k_blocks, p.n_chunks) / p.n_chunks * sage::kKBlock);
   p.n_chunks = static_cast<int>((x.nk + p.chunk_len - 1) / p.chunk_len);
   const int64_t bq = x.batch * x.hq, bk = x.batch * x.hk;

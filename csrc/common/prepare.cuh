@@ -71,11 +71,15 @@ __device__ __forceinline__ int8_t round_to_int8(float y) {
   return static_cast<int8_t>(__float2int_rz(r));
 }
 
-// Which scale group row r of a quantization block belongs to (the groups of sageattention/quant_groups.py).
-__device__ __forceinline__ int q_group(int gran, int r) {
-  return gran == kPerBlock ? 0 : gran == kPerWarp ? r / kWarpRows : (r / kWarpRows) * 8 + r % 8;
+// The scale groups of sageattention/quant_groups.py as the bits of a row index (r < R) that vary within a group:
+// a Q block is one group, a Q warp group is 16 consecutive rows, a Q thread group rows {i, i + 8} of a warp's 16
+// (bit 3); a K thread group keys with the same (r % 8) / 2 (all bits but 1 and 2), other K groups the whole block.
+template <int R>
+__device__ __forceinline__ int group_bits(bool is_q, int gran) {
+  if (gran == kPerBlock) return R - 1;
+  if (is_q) return gran == kPerWarp ? kWarpRows - 1 : 8;
+  return gran == kPerThread ? (R - 1) & ~6 : R - 1;
 }
-__device__ __forceinline__ int k_group(int gran, int r) { return gran == kPerThread ? (r % 8) / 2 : 0; }
 
 // INT8-quantizes rows [row0, row0 + R) of head (b, h) into out (rows of d_pad bytes) and per-row scales.
 template <typename T, int R, int DPAD>
@@ -116,16 +120,34 @@ __device__ void quantize_block(const Strided& x, int b, int h, int row0, int n_r
       row_bad[r] = bad;
     }
   }
+  // Row t's group: its max and its NaN/inf marker, combined across the group's rows by shuffles within a warp (R is
+  // a multiple of 32: whole warps take part), then across warps through shared memory.
   __syncthreads();
+  const int bits = group_bits<R>(is_q, gran);
+  float gmax = 0.f, gbad = 0.f;
   if (t < R) {
-    const int g = is_q ? q_group(gran, t) : k_group(gran, t);
-    float gmax = 0.f, gbad = 0.f;
-    for (int j = 0; j < R; ++j) {
-      if ((is_q ? q_group(gran, j) : k_group(gran, j)) == g) {
-        gmax = fmaxf(gmax, row_max[j]);
-        gbad += row_bad[j];
+    gmax = row_max[t], gbad = row_bad[t];
+#pragma unroll
+    for (int bit = 1; bit < 32; bit *= 2) {
+      if (bits & bit) {
+        gmax = fmaxf(gmax, __shfl_xor_sync(0xffffffffu, gmax, bit));
+        gbad += __shfl_xor_sync(0xffffffffu, gbad, bit);
       }
     }
+  }
+  if (bits >= 32) {  // block-uniform
+    __syncthreads();  // every lane has read its row before any is overwritten
+    if (t < R) row_max[t] = gmax, row_bad[t] = gbad;
+    __syncthreads();
+    if (t < R) {
+      gmax = 0.f, gbad = 0.f;
+      for (int w = 0; w < R / 32; ++w) {  // the warps whose rows differ from t's only in the group's bits
+        const int j = w * 32 + t % 32;
+        if (((w ^ t / 32) & ~(bits >> 5)) == 0) gmax = fmaxf(gmax, row_max[j]), gbad += row_bad[j];
+      }
+    }
+  }
+  if (t < R) {
     float s = gmax / 127.f + gbad;
     s = s == 0.f ? 1.f : s < kMinScale ? kMinScale : s;  // NaN stays NaN
     row_scale[t] = s;
@@ -149,19 +171,22 @@ __device__ void quantize_block(const Strided& x, int b, int h, int row0, int n_r
 enum Reduce { kSum, kMax, kMin };
 
 // Combines x[8] (this thread's channels chunk*8..+7) over the threads that hold the same chunk, in a fixed order,
-// and stores one value per channel.
+// and stores one value per channel. red is channel-major with 8 floats of padding per row, so that both the writes
+// (consecutive threads) and the reads (8 channels x 4 threads per warp) spread over the banks.
+constexpr int kRedStride = kPrepThreads + 8;
 template <int DPAD, Reduce kOp>
-__device__ void reduce_channels(float (*red)[8], const float (&x)[8], float* dst) {
+__device__ void reduce_channels(float (*red)[kRedStride], const float (&x)[8], float* dst) {
   constexpr int C = DPAD / 8;
   const int t = threadIdx.x;
   __syncthreads();
 #pragma unroll
-  for (int e = 0; e < 8; ++e) red[t][e] = x[e];
+  for (int e = 0; e < 8; ++e) red[e][t] = x[e];
   __syncthreads();
   if (t < DPAD) {
     float acc = kOp == kMax ? -INFINITY : kOp == kMin ? INFINITY : 0.f;
+#pragma unroll 4
     for (int j = t / 8; j < kPrepThreads; j += C) {
-      const float y = red[j][t % 8];
+      const float y = red[t % 8][j];
       acc = kOp == kMax ? fmaxf(acc, y) : kOp == kMin ? fminf(acc, y) : acc + y;
     }
     dst[t] = acc;
@@ -173,7 +198,7 @@ __device__ void reduce_channels(float (*red)[8], const float (&x)[8], float* dst
 template <typename T, int DPAD>
 __device__ void kv_statistics(const PrepareParams& p, int b, int hk, int chunk_idx) {
   constexpr int C = DPAD / 8, kRowsPerPass = kPrepThreads / C;
-  __shared__ float red[kPrepThreads][8];
+  __shared__ float red[8][kRedStride];
   const int t = threadIdx.x, chunk = t % C;
   const bool need_v = p.v_mode == kVFp8 || p.smooth_v;
   float ks[8], vmax[8], vmin[8], vs[8], x[8];
@@ -183,6 +208,7 @@ __device__ void kv_statistics(const PrepareParams& p, int b, int hk, int chunk_i
   const bool kvec = vectorizable(p.k);
   const bool vvec = vectorizable(p.v);
   const float inv_n = 1.f / p.nk;
+#pragma unroll 2
   for (int n = n0 + t / C; n < n1; n += kRowsPerPass) {
     if (p.smooth_k) {
       load8<T>(p.k, b, hk, n, p.nk, chunk * 8, p.d, kvec, x);
@@ -212,6 +238,7 @@ __device__ void head_statistics(const PrepareParams& p, int b, int hk, float* k_
   if (c >= DPAD) return;
   const float* src = p.partials + (static_cast<int64_t>(b) * p.hk + hk) * p.n_chunks * 4 * DPAD;
   float ks = 0.f, vmax = -INFINITY, vmin = INFINITY, vs = 0.f;
+#pragma unroll 4
   for (int i = 0; i < p.n_chunks; ++i) {
     const float* s = src + i * 4 * DPAD;
     ks += s[c], vmax = fmaxf(vmax, s[DPAD + c]), vmin = fminf(vmin, s[2 * DPAD + c]), vs += s[3 * DPAD + c];
@@ -232,22 +259,24 @@ __device__ __forceinline__ int fp8_key_slot(int key) {
   return (key / 16) * 16 + ((r % 8) / 2) * 4 + (r / 8) * 2 + r % 2;
 }
 
+// Thread t converts key t % 64 of the block, kChunks 8-channel chunks of it: a warp's 32 keys fill 32 consecutive
+// bytes of a V^T row, so its byte stores into the transposed tile hit 8 words, not one bank 16 times.
 template <typename T, int DPAD>
 __device__ void v_to_fp8(const PrepareParams& p, int b, int hk, int n0, const float* mean, const float* scale) {
-  constexpr int C = DPAD / 8, kRowsPerPass = kPrepThreads / C, kPasses = kKBlock / kRowsPerPass;
+  constexpr int kChunks = DPAD / 8 * kKBlock / kPrepThreads;
   __shared__ __align__(16) uint8_t tile[DPAD][kKBlock];
-  const int t = threadIdx.x, chunk = t % C;
+  const int t = threadIdx.x, r = t % kKBlock;
   const bool vec = vectorizable(p.v);
+  const bool live = n0 + r < p.nk;  // padded keys stay exactly 0 (a mean would make them nonzero)
+  const int slot = fp8_key_slot(r % 32) + (r / 32) * 32;
 #pragma unroll
-  for (int i = 0; i < kPasses; ++i) {
-    const int r = t / C + i * kRowsPerPass;
+  for (int i = 0; i < kChunks; ++i) {
+    const int chunk = t / kKBlock * kChunks + i;
     float x[8];
     load8<T>(p.v, b, hk, n0 + r, p.nk, chunk * 8, p.d, vec, x);
-    const int slot = fp8_key_slot(r % 32) + (r / 32) * 32;
 #pragma unroll
     for (int e = 0; e < 8; e += 2) {
       const int c = chunk * 8 + e;
-      const bool live = n0 + r < p.nk;  // padded keys stay exactly 0 (a mean would make them nonzero)
       const float y0 = live ? (x[e] - mean[c]) * (1.f / scale[c]) : 0.f;
       const float y1 = live ? (x[e + 1] - mean[c + 1]) * (1.f / scale[c + 1]) : 0.f;
       const uint32_t two = ptx::e4m3x2(y0, y1);

@@ -159,6 +159,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       else pv_issue<D>(o_flat, pa, v_smem(stage), false);
       wgmma_commit();
     };
+    // K scales of a tile's two 64-key quantization periods (keys past nk_pad are masked), loaded a tile ahead
+    auto load_ks = [&](int tile, float (&ks)[2]) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int key = tile * kKeys + 64 * half + 2 * t;
+        ks[half] = key < p.nk_pad ? p.k_scale[k_head * p.nk_pad + key] : 0.f;
+      }
+    };
+    float ks_next[2];
+    load_ks(0, ks_next);
     mbar_wait(q_full, k & 1);
     if (wk.n_tiles == 0) mbar_arrive(q_empty);  // no key for these rows: Q is not read
 
@@ -166,13 +176,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int tile = 0; tile < wk.n_tiles; ++tile) {
       const int s = (ring + tile) % L::kStages, prev = (ring + tile + L::kStages - 1) % L::kStages;
       const int key0 = tile * kKeys;
-      // K scales of the tile's two 64-key quantization periods (keys past nk_pad are masked below)
-      float ks[2];
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int key = key0 + 64 * half + 2 * t;
-        ks[half] = key < p.nk_pad ? p.k_scale[k_head * p.nk_pad + key] : 0.f;
-      }
+      const float ks[2] = {ks_next[0], ks_next[1]};
+      if (tile + 1 < wk.n_tiles) load_ks(tile + 1, ks_next);
       mbar_wait(&full[s], ((ring + tile) / L::kStages) & 1);
 
       int sc[64];
@@ -190,16 +195,17 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       if (tile == wk.n_tiles - 1) mbar_arrive(q_empty);  // the producer may load the next item's Q
 
-      // scores in log2 units, masked; online softmax per row (a row's 128 scores live in the 4 lanes of a quad)
       const bool needs_mask =
           key0 + kKeys > p.nk || (p.causal && key0 + kKeys - 1 > row0 + wrow - g + p.causal_offset);
-      float x[16][4];
+      // scores in log2 units, masked; online softmax per row (a row's 128 scores live in the 4 lanes of a quad).
+      // (Fusing the dequantization into the exp2's FMA, with the max taken on the raw scores, breaks at huge scores:
+      // the rounded max then differs from the fused product by up to half its ulp, so P's peak leaves [0, 448].)
+      float x[16][4], alpha[2];
 #pragma unroll
       for (int j = 0; j < 16; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) x[j][e] = static_cast<float>(sc[4 * j + e]) * (qs[e / 2] * ks[j / 8]);
       if (needs_mask) mask_scores<16>(x, key0, t, row0 + wrow, p);
-      float alpha[2];
       softmax_step<16, true>(x, m, l, alpha);
 
       if (tile > 0) {  // tile 0: o is still zero

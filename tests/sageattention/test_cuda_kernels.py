@@ -144,6 +144,24 @@ def test_more_work_than_sms(family, fp8, d):
 
 
 @pytest.mark.parametrize("family, fp8", FAMILIES)
+@pytest.mark.parametrize("sm_scale", [-0.3, 0.0, 0.3])
+@pytest.mark.parametrize("magnitude", [1.0, 1e-18])
+def test_sm_scale_signs_and_tiny_magnitudes(family, fp8, sm_scale, magnitude):
+    """Negative and zero sm_scale, and bf16 Q and K so small that the product of their INT8 scales underflows fp32
+    (every score dequantizes to 0): causal too, so that masked scores meet those scales, against fp32 SDPA."""
+    mod = module(family)
+    q, k, v = make_qkv(b=1, hq=2, nq=300, nk=300, d=128, dtype=torch.bfloat16, seed=13)
+    q, k = q * magnitude, k * magnitude
+    for causal in (False, True):
+        out, lse = run(mod, q, k, v, "HND", causal=causal, sm_scale=sm_scale, lse=True)
+        ref, ref_lse = sdpa_fp32(q, k, v, is_causal=causal, sm_scale=sm_scale)
+        assert_close(out.float().cpu(), ref.cpu(), **TOL[fp8], what=f"sm_scale={sm_scale} |q|~{magnitude} {causal}")
+        # the INT8 score error, and with it the LSE's, grows with |sm_scale| (0.05 at the default 1 / sqrt(d))
+        lse_tol = 0.05 * max(1.0, abs(sm_scale) * 128**0.5)
+        assert (lse.cpu() - ref_lse.cpu()).abs().max().item() < lse_tol
+
+
+@pytest.mark.parametrize("family, fp8", FAMILIES)
 def test_gqa_mqa_and_smooth_v(family, fp8):
     mod = module(family)
     for hk in (1, 2):
@@ -179,14 +197,15 @@ def test_strided_and_unaligned_views(family, fp8):
 
 @pytest.mark.parametrize("family, fp8", FAMILIES)
 @pytest.mark.parametrize("gran", GRANULARITIES)
-def test_quantize_matches_reference_bit_for_bit(family, fp8, gran):
+@pytest.mark.parametrize("d", [64, 128])
+def test_quantize_matches_reference_bit_for_bit(family, fp8, gran, d):
     """INT8 Q and K (given the kernel's K mean) and the FP8 V^T (given its V mean) equal the reference's."""
     mod = module(family)
-    q, k, v = make_qkv(b=2, hq=4, hk=2, nq=300, nk=333, d=128, k_bias=2.0, q_outlier=4.0, seed=5)
+    nk = 333 if d == 128 else 1500  # d64: several statistics chunks per head
+    q, k, v = make_qkv(b=2, hq=4, hk=2, nq=300, nk=nk, d=d, k_bias=2.0, q_outlier=4.0, seed=5)
     v_mode = V_FP8 if fp8 else V_16
     g = GRAN_CODE[gran]
     q_i8, q_s, k_i8, k_s, k_mean, v_out, v_s, v_mean = mod.quantize(q, k, v, False, g, g, v_mode, True, True, 448.0)
-    nk, d = 333, 128
     ref_kmean = reference.token_mean(k.cpu())
     assert torch.allclose(k_mean.cpu()[:, :, None, :], ref_kmean, rtol=1e-5, atol=1e-6)
     for x, x_i8, x_s, g, mean in ((q, q_i8, q_s, q_grouping(gran, True), None),
