@@ -147,6 +147,21 @@ __device__ __forceinline__ void pv_16bit(const float (&x)[kMT][8][4], uint32_t v
   });
 }
 
+// P of a tile (e4m3, already stretched by softmax_step<J, true>) in the 8-bit A-register layout of mma.sync
+// m16n8k32, which wgmma's register A shares: a[s] is the k32 step s (keys 32s..32s+31, slices 4s..4s+3), register i
+// holds row g (i even) or g + 8 (i odd) of its first or second 16 keys (i / 2).
+template <int J>
+__device__ __forceinline__ void pack_p_e4m3(const float (&x)[J][4], uint32_t (&a)[J / 4][4]) {
+#pragma unroll
+  for (int s = 0; s < J / 4; ++s) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int j = 4 * s + 2 * (i / 2), e = 2 * (i % 2);
+      a[s][i] = ptx::e4m3x2(x[j][e], x[j][e + 1]) | (ptx::e4m3x2(x[j + 1][e], x[j + 1][e + 1]) << 16);
+    }
+  }
+}
+
 // P·V of one 64-key tile in FP8: P = e4m3(p * 448) in the key order of prepare()'s V^T (fp8_key_slot), V^T
 // (channels x keys in smem). Slot 4t + i of a 32-key step holds key 2t + i % 2 of slice i / 2: exactly the two
 // score columns this lane holds in each of two adjacent 8-key slices, so P needs no shuffle.
@@ -155,17 +170,7 @@ __device__ __forceinline__ void pv_fp8(const float (&x)[kMT][8][4], uint32_t v_b
                                        float (&o)[kMT][D / 8][4]) {
   uint32_t a[kMT][2][4];
 #pragma unroll
-  for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-    for (int s = 0; s < 2; ++s) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {  // A register i: row g (i even) or g + 8 (i odd), first or second 16 keys (i / 2)
-        const int j = 4 * s + 2 * (i / 2), e = 2 * (i % 2);
-        a[mt][s][i] = ptx::e4m3x2(x[mt][j][e], x[mt][j][e + 1]) |
-                      (ptx::e4m3x2(x[mt][j + 1][e], x[mt][j + 1][e + 1]) << 16);
-      }
-    }
-  }
+  for (int mt = 0; mt < kMT; ++mt) pack_p_e4m3<8>(x[mt], a[mt]);
   // every MMA of the tile: mma(m tile, channel slice n, A fragment, B registers)
   auto each_mma = [&](auto&& mma) {
 #pragma unroll

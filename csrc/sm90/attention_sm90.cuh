@@ -40,19 +40,6 @@ struct Layout {
   static constexpr int kSmem = kBarOff + 1024 + 1024;  // barriers, and slack to align the dynamic base to 1024
 };
 
-// P of a tile (e4m3, already stretched by softmax_step<16, true>) in wgmma's 8-bit A-register layout: a[s] is the
-// k32 step s (keys 32s..32s+31), register i holds row g (i even) or g + 8 (i odd) of its first or second 16 keys.
-__device__ __forceinline__ void pack_p(const float (&x)[16][4], uint32_t (&a)[4][4]) {
-#pragma unroll
-  for (int s = 0; s < 4; ++s) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int j = 4 * s + 2 * (i / 2), e = 2 * (i % 2);
-      a[s][i] = ptx::e4m3x2(x[j][e], x[j][e + 1]) | (ptx::e4m3x2(x[j + 1][e], x[j + 1][e + 1]) << 16);
-    }
-  }
-}
-
 // Issues d (+)= P·V over a tile's 128 keys (four k32 steps, V^T from the stage at v_smem); `fresh` overwrites d
 // (the tile accumulator of two-level accumulation) instead of adding to it. The caller commits and waits.
 template <int D>
@@ -154,10 +141,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     float o[D / 8][4] = {};  // the m16n8 layout: channels 8n + 2t + {0, 1} of rows g and g + 8
     float(&o_flat)[D / 2] = reinterpret_cast<float(&)[D / 2]>(o);
-    auto issue_pv = [&](int stage) {  // the previous tile's P·V, in flight until the next wgmma_wait<0>
+    auto issue_pv = [&](int stage) {  // the previous tile's P·V, in flight until finish_pv
       if constexpr (kTwoLevel) pv_issue<D>(acc, pa, v_smem(stage), true);
       else pv_issue<D>(o_flat, pa, v_smem(stage), false);
       wgmma_commit();
+    };
+    auto finish_pv = [&](int stage) {  // waits for it, frees its stage, and (two-level) adds it to o
+      wgmma_wait<0>();
+      mbar_arrive(&empty[stage]);  // this thread's MMAs of the stage have completed
+      if constexpr (kTwoLevel) {
+#pragma unroll
+        for (int i = 0; i < D / 2; ++i) o_flat[i] += acc[i];
+      }
     };
     // K scales of a tile's two 64-key quantization periods (keys past nk_pad are masked), loaded a tile ahead
     auto load_ks = [&](int tile, float (&ks)[2]) {
@@ -209,30 +204,20 @@ __global__ void __launch_bounds__(kThreads, 1)
       softmax_step<16, true>(x, m, l, alpha);
 
       if (tile > 0) {  // tile 0: o is still zero
-        wgmma_wait<0>();
-        mbar_arrive(&empty[prev]);  // this thread's MMAs of the previous stage have completed
-        if constexpr (kTwoLevel) {
-#pragma unroll
-          for (int i = 0; i < D / 2; ++i) o_flat[i] += acc[i];
-        }
+        finish_pv(prev);
         // once the row maxima settle (long sequences) alpha is exactly 1 for the whole warp: skip the multiplies
         if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
           for (int i = 0; i < D / 2; ++i) o_flat[i] *= alpha[(i % 4) / 2];
         }
       }
-      pack_p(x, pa);
+      pack_p_e4m3<16>(x, pa);
     }
     if (wk.n_tiles > 0) {  // the last tile's P·V
       const int last = (ring + wk.n_tiles - 1) % L::kStages;
       wgmma_fence();
       issue_pv(last);
-      wgmma_wait<0>();
-      mbar_arrive(&empty[last]);
-      if constexpr (kTwoLevel) {
-#pragma unroll
-        for (int i = 0; i < D / 2; ++i) o_flat[i] += acc[i];
-      }
+      finish_pv(last);
     }
     ring += wk.n_tiles;
 
