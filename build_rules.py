@@ -29,8 +29,9 @@ archs = _load_archs()
 # adds to every .cu file, so that the kernels compile here exactly as plain nvcc compiles them (csrc is torch-free).
 NVCC_FLAGS = ["-O3", "-lineinfo", "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__",
               "-U__CUDA_NO_HALF2_OPERATORS__", "-U__CUDA_NO_BFLOAT16_CONVERSIONS__"]
-# The f16-accumulating e4m3 MMA is compiled only under this macro (nvcc >= archs.FP8_F16_ACCUM_MIN_CUDA).
-FP8_F16_ACCUM_MACRO = "-DSAGE_FP8_F16_ACCUM=1"
+# The f16-accumulating e4m3 MMA is compiled only under this macro (nvcc >= archs.FP8_F16_ACCUM_MIN_CUDA). A macro,
+# not an nvcc flag: the binding (compiled by the host compiler) must see it too, or it maps the mode away.
+FP8_F16_ACCUM_MACRO = ("SAGE_FP8_F16_ACCUM", "1")
 _ENTRY = re.compile(r"^(?P<arch>\d+\.\d+)(?P<suffix>[af]?)(?P<ptx>\+PTX)?$")
 
 
@@ -60,11 +61,13 @@ class Target:
 
 @dataclass(frozen=True)
 class Extension:
-    """One extension module to compile: its name, its sources (relative to the root) and its nvcc flags."""
+    """One extension module to compile: its name, its sources (relative to the root), its nvcc flags and the macros
+    that every compiler of it (nvcc and the host's) defines."""
 
     name: str
     sources: list[str]
     nvcc_flags: list[str]
+    macros: list[tuple[str, str]]
 
 
 def supported() -> str:
@@ -192,7 +195,8 @@ def plan(arch_list: str | None, nvcc_version_output: str, nvcc_arch_output: str,
     extensions = []
     for family in families_for(targets):
         flags = NVCC_FLAGS + [flag for t in family_targets(targets, family) for flag in t.gencode()]
-        if archs.FAMILIES[family]["pv"] == "fp8" and nvcc >= archs.version_tuple(archs.FP8_F16_ACCUM_MIN_CUDA):
-            flags.append(FP8_F16_ACCUM_MACRO)
-        extensions.append(Extension(f"sageattention._C_{family}", family_sources(family, root), flags))
+        f16_accum = archs.FAMILIES[family].get("f16_accum") and nvcc >= archs.version_tuple(
+            archs.FP8_F16_ACCUM_MIN_CUDA)
+        extensions.append(Extension(f"sageattention._C_{family}", family_sources(family, root), flags,
+                                    [FP8_F16_ACCUM_MACRO] if f16_accum else []))
     return only_families(extensions, families, arch_list)

@@ -49,10 +49,12 @@ def cuda_build_args() -> dict:
     cxx_flags = ["/O2"] if sys.platform == "win32" else ["-O3"]
     extensions = []
     for ext in plan:
-        print(f"sageattention: {ext.name} from {len(ext.sources)} sources, nvcc {' '.join(ext.nvcc_flags)}",
+        macros = " ".join(f"-D{name}={value}" for name, value in ext.macros)
+        print(f"sageattention: {ext.name} from {len(ext.sources)} sources, nvcc {' '.join(ext.nvcc_flags)} {macros}",
               file=sys.stderr)
         # Explicit -gencode flags: torch adds no arch flags of its own. No -std: torch adds the one its headers need.
         extensions.append(CUDAExtension(ext.name, ext.sources, include_dirs=[str(build_rules.ROOT / build_rules.CSRC)],
+                                        define_macros=ext.macros,
                                         extra_compile_args={"cxx": cxx_flags, "nvcc": ext.nvcc_flags}))
     return {"ext_modules": extensions, "cmdclass": {"build_ext": BuildExtension}}
 

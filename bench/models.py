@@ -220,17 +220,18 @@ def main(argv=None) -> int:
     if not args.no_warm:
         warm(models, args.methods, args.jobs)
     notes: dict = {}
+    meta = dict(run_meta("bench.models", argv), notes=notes)
     rows = []
     for m in models:
         rows.append(measure(m, args.methods, args.calls, notes))
         if args.first_call:
             rows[-1].update(first_calls(m, args.methods, args.fresh_cache))
         print(json.dumps(rows[-1]), flush=True)
+        report(rows, meta, args.methods, args.out)  # a run stopped by a time limit keeps what it measured
     if args.spread:
         for row, spread in zip(rows, spreads(models, args.methods, args.spread).values()):
             row["spread_pct"] = spread
-    meta = dict(run_meta("bench.models", argv), notes=notes)
-    report(rows, meta, args.methods, args.out)
+        report(rows, meta, args.methods, args.out)
     print(markdown(rows, meta, args.methods))
     return 0
 

@@ -22,7 +22,7 @@ from torch.nn.attention import SDPBackend
 
 import sageattention
 from sageattention import dispatch, forward
-from bench.workloads import attention_tops, sdpa_call
+from bench.workloads import attention_tops, sageattn_on_triton, sdpa_call
 from sageattention.core import ACC_TWO_LEVEL, GRAN_CODE, sageattn_plan
 from sageattention.plan import Plan
 from sageattention.triton import attention, pipeline
@@ -66,6 +66,7 @@ def methods(q, k, v, causal: bool, plan: Plan):
     sm_scale = q.shape[-1] ** -0.5
     return {
         "sage e2e": lambda: sageattention.sageattn(q, k, v, is_causal=causal),
+        "sage triton e2e": lambda: sageattn_on_triton(q, k, v, is_causal=causal),
         "sage kernel": lambda: pipeline.attend(xq, plan, out, sm_scale=sm_scale, is_causal=causal),
         "sage per-thread e2e": lambda: sageattention.sageattn(q, k, v, is_causal=causal, qk_quant_gran="per_thread"),
         "sage fp16-PV e2e": lambda: sageattention.sageattn_qk_int8_pv_fp16_triton(q, k, v, is_causal=causal),

@@ -14,7 +14,7 @@ ARCH_FAMILY = {
     "8.6": "sm80",
     "8.7": "sm80",
     "8.9": "sm89",
-    "9.0": "sm89",
+    "9.0": "sm90",
     "10.0": "sm89",
     "10.3": "sm89",
     "12.0": "sm89",
@@ -25,23 +25,23 @@ ARCH_FAMILY = {
 FAMILIES = {
     # mma.sync m16n8k32 s8 (Q·K^T) and m16n8k16 f16/bf16 (P·V): PTX 7.0, sm_80.
     "sm80": {"pv": "fp16", "min_arch": "8.0", "min_cuda": "11.8"},
-    # mma.sync m16n8k32 e4m3 with f32 accumulation (P·V): PTX 8.4 (CUDA 12.4), sm_89.
-    "sm89": {"pv": "fp8", "min_arch": "8.9", "min_cuda": "12.4"},
+    # mma.sync m16n8k32 e4m3 with f32 accumulation (P·V): PTX 8.4 (CUDA 12.4), sm_89; "f16_accum": also the
+    # f16-accumulating e4m3 MMA (pv_accum_dtype="fp32+fp16"), where nvcc has it (FP8_F16_ACCUM_MIN_CUDA).
+    "sm89": {"pv": "fp8", "min_arch": "8.9", "min_cuda": "12.4", "f16_accum": True},
     # wgmma s8 (Q·K^T) and e4m3 (P·V), TMA, setmaxnreg: arch-specific sm_90a features, which run on 9.0 alone
-    # ("only": compiled for exactly these archs, as sm_90a whatever suffix the arch list gives). Not yet dispatched
-    # to: its kernel tests pass on an H100, but through the public API it still fails
-    # test_special_values.py::test_extreme_qk_magnitudes_bf16[...-1e4] (scores ~1e8 in log2 units, cosine 0.955
-    # against the reference where the sm89 family matches it; docs/benchmarks.md says where it stands).
+    # ("only": compiled for exactly these archs, as sm_90a whatever suffix the arch list gives). Its P·V
+    # accumulates in fp32 (a request for "fp32+fp16" runs two-level fp32).
     "sm90": {"pv": "fp8", "min_arch": "9.0", "min_cuda": "12.4", "only": ("9.0",), "suffix": "a"},
 }
 
-# Archs where `sageattn` keeps the Triton kernels although a compiled family runs there: on Hopper the sm89 family's
-# mma.sync kernels reach about a third of the Triton kernels' wgmma throughput (H100, docs/benchmarks.md), and
-# datacenter Blackwell's Triton MMAs are likewise its newer tensor-core path (not measured here). The named `_cuda`
-# variants still run the compiled kernels there.
-SAGEATTN_PREFERS_TRITON = ("9.0", "10.0", "10.3")
+# Archs where `sageattn` keeps the Triton kernels although a compiled family runs there: datacenter Blackwell's
+# Triton MMAs are its newer tensor-core path, while the sm89 family's mma.sync kernels are not (on Hopper they reached
+# about a third of the Triton kernels' wgmma throughput: docs/benchmarks.md; not measured on Blackwell here). The
+# named `_cuda` variants still run the compiled kernels there.
+SAGEATTN_PREFERS_TRITON = ("10.0", "10.3")
 
-# The f16-accumulating e4m3 MMA (pv_accum_dtype="fp32+fp16") arrived in PTX 8.7: built only by nvcc >= 12.8.
+# The f16-accumulating e4m3 MMA (pv_accum_dtype="fp32+fp16") arrived in PTX 8.7: built only by nvcc >= 12.8, for the
+# families marked "f16_accum".
 FP8_F16_ACCUM_MIN_CUDA = "12.8"
 
 

@@ -82,6 +82,8 @@ def _route(fn_name, q, cap, plan, *, b, hq, nq, nk, is_causal, causal_offset, ma
             return "sdpa", why
     if cap is None:
         return "triton", "CPU tensors run under Triton's interpreter"
+    if not compiled and fn_name != "sageattn":  # the `_triton` variant: Triton on every GPU, as its name says
+        return "triton", f"{fn_name} runs the Triton kernels"
     if masked:
         return "triton", "attn_mask is applied by the Triton kernels"
     if d > COMPILED_MAX_HEAD_DIM:
@@ -204,7 +206,8 @@ def sageattn_qk_int8_pv_fp16_cuda(q, k, v, tensor_layout="HND", is_causal=False,
 def sageattn_qk_int8_pv_fp8_cuda(q, k, v, tensor_layout="HND", is_causal=False, qk_quant_gran="per_thread",
                                  sm_scale=None, pv_accum_dtype="fp32+fp16", smooth_k=True, smooth_v=False,
                                  return_lse=False):
-    """INT8 Q·K, FP8 P·V with per-channel V scales (sm89+)."""
+    """INT8 Q·K, FP8 P·V with per-channel V scales (sm89+). pv_accum_dtype="fp32+fp16" accumulates each key tile in
+    fp16 where the GPU's kernels have that MMA (sm89 family); on sm90 it runs two-level in fp32."""
     return _cuda_variant("sageattn_qk_int8_pv_fp8_cuda", True, FP8_PV_ACCUM, q, k, v, tensor_layout, is_causal,
                          qk_quant_gran, sm_scale, pv_accum_dtype, smooth_k, smooth_v, return_lse)
 

@@ -100,6 +100,11 @@ def compiled_family(cap, pv_fp8: bool, device: torch.device) -> str | None:
     return family if _compiled_runs_on(family, index) else None
 
 
+# torch.compile takes compiled_family's answer as a constant: tracing cannot import a module or ask the device. This
+# is the mark torch.compiler.assume_constant_result sets; calling it here would import torch._dynamo (~2 s) with us.
+compiled_family._dynamo_marked_constant = True
+
+
 def sageattn_prefers_compiled(cap) -> bool:
     """Whether `sageattn` runs the compiled kernels on this GPU when they are built for it (archs.py says why not)."""
     return f"{cap[0]}.{cap[1]}" not in archs.SAGEATTN_PREFERS_TRITON

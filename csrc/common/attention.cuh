@@ -232,20 +232,32 @@ __device__ __forceinline__ void mask_scores(float (&x)[J][4], int key0, int t, i
       if (key0 + 8 * j + 2 * t + (e & 1) > last[e / 2]) x[j][e] = -INFINITY;
 }
 
+// The exponent shift of P = exp2(x - shift) in a row whose max is m: m itself, or where kStretch (FP8 P·V takes
+// P * 448) m - log2(448), one subtraction instead of a multiply per score. P's peak exp2(m - shift) must then stay
+// <= 448, where e4m3 saturates: where m's ulp is coarse (|m| >= 2**20) the subtraction can round past log2(448)
+// (ulp 1: to 9, ulp 16: to 16), and the shift steps one ulp back toward m. m - shift is exact there; finer ulps
+// round by far less than the margin 8.85 - log2(448). m = -inf gives -inf.
+template <bool kStretch>
+__device__ __forceinline__ float p_shift(float m) {
+  if constexpr (!kStretch) return m;
+  const float shift = m - kLog2PScale;
+  return m - shift > 8.85f ? __int_as_float(__float_as_int(shift) + (shift > 0.f ? 1 : -1)) : shift;
+}
+
 // The online-softmax update of one row after a tile whose maximum in this lane is mx (combined here over the quad
 // of lanes holding the row): m becomes the running max, alpha the factor that rescales what was accumulated before
-// the tile, and the result is the exponent shift of the tile's scores (minus log2(448) where kStretch: FP8 P·V takes
-// P * 448, one subtraction instead of a multiply per score).
+// the tile (from the old shift to the new: both P's stretch and its rounding carry over), and the result is the
+// tile's shift (p_shift).
 template <bool kStretch>
 __device__ __forceinline__ float online_max(float mx, float& m, float& alpha) {
 #pragma unroll
   for (int off = 1; off < 4; off *= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
   const float new_m = fmaxf(m, mx);
-  // a row that has seen only masked keys keeps max -inf; subtract 0 there so exp2 gives 0, not NaN
-  const float base = new_m == -INFINITY ? 0.f : new_m;
-  alpha = exp2_approx(m - base);
+  // a row that has seen only masked keys keeps max -inf; shift it as if 0 so that exp2 gives 0, not NaN
+  const float shift = p_shift<kStretch>(new_m == -INFINITY ? 0.f : new_m);
+  alpha = exp2_approx(p_shift<kStretch>(m) - shift);
   m = new_m;
-  return kStretch ? base - kLog2PScale : base;
+  return shift;
 }
 
 // One online-softmax step for a lane's two rows (g and g + 8) over J 8-key slices of a tile, the 4 lanes of a quad
@@ -316,8 +328,8 @@ __device__ __forceinline__ void store_rows(const AttentionParams& p, T* out, int
       if (c < p.d) store2<T>(out + r * p.o_sn + c, y0, y1, c + 1 < p.d);
     }
     if (p.lse != nullptr && t == 0) {
-      const float log2_sum = __log2f(sum) - (kFp8 ? kLog2PScale : 0.f);
-      p.lse[q_head * p.nq + r] = sum > 0.f ? (m[i] + log2_sum) * kLn2 : -INFINITY;
+      // sum is of exp2(x - shift), shift = p_shift(m)
+      p.lse[q_head * p.nq + r] = sum > 0.f ? (p_shift<kFp8>(m[i]) + __log2f(sum)) * kLn2 : -INFINITY;
     }
   }
 }

@@ -250,8 +250,16 @@ def oracle_args(var: Variant, q, layout="HND", *, masked=False, **kw) -> dict:
         out = {"qk_quant_gran": kw.get("qk_quant_gran", var.gran)}
         return out if var.p_scale is None else dict(out, p_scale=var.p_scale)
     gran = kw.get("qk_quant_gran", core.SAGEATTN_GRAN_COMPILED if var.name == "sageattn" else var.gran)
-    v_max = 2.25 if var.kwargs.get("pv_accum_dtype") == "fp32+fp16" else reference.FP8_MAX
-    return {"qk_quant_gran": gran, "compiled": True, "v_max": v_max}
+    return {"qk_quant_gran": gran, "compiled": True, "v_max": 2.25 if f16_accumulates(var, q) else reference.FP8_MAX}
+
+
+def f16_accumulates(var: Variant, q) -> bool:
+    """Whether this compiled call's FP8 P·V accumulates each tile in fp16 (its V is then scaled to +-2.25): asked
+    for, and the module serving the GPU has that kernel (sm89 family, nvcc >= 12.8; sm90 runs two-level fp32)."""
+    if var.pv != "fp8" or var.kwargs.get("pv_accum_dtype") != "fp32+fp16":
+        return False
+    family = dispatch.compiled_family(dispatch.capability(q.device), True, q.device)
+    return family is not None and dispatch.compiled_module(family).FP8_F16_ACCUM
 
 
 def check_variant_vs_fp32(var: Variant, q, k, v, layout="HND", *, is_causal=False, attn_mask=None,

@@ -202,3 +202,23 @@ def test_main_puts_every_measurement_in_the_report(monkeypatch, tmp_path):
     assert row["imports_s"] == {"sageattn": dict(import_torch_s=1.0, import_sageattention_s=0.25)}
     assert row["spread_pct"] == {"sageattn": round((1.4 / 1.3 - 1) * 100, 1)}
     assert [c[0] for c in children] == ["bench.first_call"] * 2 + ["bench.models"] * 2  # warm-up, first call, spread
+
+
+def test_a_run_stopped_midway_keeps_the_models_it_measured(monkeypatch, tmp_path):
+    """A device call's time limit can stop the benchmark: every model measured so far is already in the report."""
+    pytest.importorskip("matplotlib")
+
+    def measure(m, names, calls, notes):
+        if m.key == "sdxl":
+            raise KeyboardInterrupt  # what `timeout -s INT` delivers
+        return dict(model=m.key, label=m.label, shape=m.shape(), tops={"sageattn": 100.0})
+
+    monkeypatch.setattr(models, "measure", measure)
+    monkeypatch.setattr(models, "run_meta", lambda module, argv: dict(
+        device="GPU X", torch="t", triton="tr", python="p", command=f"python -m {module}"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(KeyboardInterrupt):
+        models.main(["--models", "flux,sdxl", "--methods", "sageattn", "--no-warm", "--out", str(tmp_path)])
+    report = json.loads((tmp_path / "GPU_X_models.json").read_text())
+    assert [r["model"] for r in report["rows"]] == ["flux"]
+    assert "Flux" in (tmp_path / "GPU_X_models.md").read_text()

@@ -1,4 +1,7 @@
 """torch.library ops: opcheck under the interpreter and the fake (meta) implementations' shapes/dtypes."""
+import subprocess
+import sys
+
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -15,6 +18,22 @@ def _dense_args(layout, return_lse, mask=False):
     q, k, v = make_qkv(hq=4, hk=2, nq=20, nk=33, d=32, layout=layout, contiguous=True, seed=41)
     attn_mask = torch.ones(20, 33, dtype=torch.bool, device=DEVICE).tril(13).expand(1, 4, 20, 33) if mask else None
     return (q, k, v, attn_mask, layout, True, 0, 32**-0.5, "per_thread", True, True, False, True, False, return_lse, "")
+
+
+def test_compiled_family_lookup_traces_as_a_constant():
+    """torch.compile(fullgraph=True) of the compiled route: looking up the family's module (an import, a query of the
+    device) must not break the graph; it answers as in eager."""
+    def pick(x):
+        return x + (1.0 if dispatch.compiled_family((8, 9), True, torch.device("cuda", 0)) is None else 2.0)
+    x = torch.zeros(2)
+    assert torch.equal(torch.compile(pick, fullgraph=True, backend="eager")(x), pick(x))
+
+
+def test_import_loads_neither_dynamo_nor_triton():
+    """`import sageattention` stays light (torch._dynamo alone costs ~2 s); Triton loads with its first kernel."""
+    code = "import sys, sageattention; print(sorted(m for m in ('torch._dynamo', 'triton') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
 
 
 @pytest.mark.parametrize("layout", ["HND", "NHD"])

@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from tests.sageattention.helpers import assert_close, assert_lse_close, lse_tol, make_qkv, metrics, sdpa_fp32
-from sageattention import reference
+import build_rules
+from sageattention import archs, reference
 from sageattention.core import ACC_F16_INNER, ACC_F32, ACC_TWO_LEVEL, GRAN_CODE
 from sageattention.inputs import to_hnd
 from sageattention.quant_groups import GRANULARITIES, k_grouping, q_grouping
@@ -66,9 +67,10 @@ def run(mod, q, k, v, layout, *, causal=False, causal_offset=0, gran="per_thread
     return out, lse_out
 
 
-def reference_of(q, k, v, layout, *, fp8, causal=False, gran="per_thread", accum=ACC_TWO_LEVEL, smooth_v=False,
-                 sm_scale=None):
-    v_max = 2.25 if (fp8 and accum == ACC_F16_INNER) else reference.FP8_MAX
+def reference_of(mod, q, k, v, layout, *, fp8, causal=False, gran="per_thread", accum=ACC_TWO_LEVEL,
+                 smooth_v=False, sm_scale=None):
+    """What `mod` computes, by the reference: its fp16-accumulating FP8 P·V (where it has one) scales V to +-2.25."""
+    v_max = 2.25 if (fp8 and accum == ACC_F16_INNER and mod.FP8_F16_ACCUM) else reference.FP8_MAX
     out, lse = reference.sage_attention_reference(
         *(to_hnd(t, layout).cpu() for t in (q, k, v)), is_causal=causal, qk_quant_gran=gran,
         pv_dtype="fp8" if fp8 else "fp16", smooth_v=smooth_v, v_max=v_max, compiled=True, sm_scale=sm_scale)
@@ -103,7 +105,7 @@ def test_structured_inputs_vs_reference_and_sdpa(family, fp8, gran, accum, dtype
     mod = module(family)
     q, k, v = make_qkv(b=1, hq=4, nq=512, nk=777, d=128, dtype=dtype, k_bias=3.5, q_outlier=5.5, seed=7)
     out, _ = run(mod, q, k, v, "HND", gran=gran, accum=accum)
-    ref, _ = reference_of(q, k, v, "HND", fp8=fp8, gran=gran, accum=accum)
+    ref, _ = reference_of(mod, q, k, v, "HND", fp8=fp8, gran=gran, accum=accum)
     assert_close(out.float().cpu(), ref.float(), **REF_TOL[fp8], what=f"vs reference {gran} acc={accum}")
     sdpa, _ = sdpa_fp32(q, k, v)
     assert_close(out.float().cpu(), sdpa.cpu(), cos=0.995, rel_l1=0.09, what=f"vs sdpa {gran} acc={accum}")
@@ -158,6 +160,23 @@ def test_sm_scale_signs_and_tiny_magnitudes(family, fp8, sm_scale, magnitude):
         what = f"sm_scale={sm_scale} |q|~{magnitude} {causal}"
         assert_close(out.float().cpu(), ref.cpu(), **TOL[fp8], what=what)
         assert_lse_close(lse, ref_lse, atol=lse_tol(ref_lse), what=what)  # INT8 score error grows with the scores
+
+
+@pytest.mark.parametrize("family, fp8", FAMILIES)
+@pytest.mark.parametrize("magnitude", [2e3, 1e4])
+def test_huge_scores_keep_p_in_range(family, fp8, magnitude):
+    """bf16 |q|, |k| ~ magnitude: row maxima ~1e7 / ~1e8 in log2 units, whose ulps (1, 16) round the FP8 kernels'
+    exponent shift m - log2(448) past log2(448), so that P's peak would saturate e4m3. P is one-hot or nearly, so the
+    kernel must match the quantized algorithm closely (the FP8 kernels drifted to rel. L1 0.003-0.07 before)."""
+    mod = module(family)
+    q, k, v = make_qkv(b=1, hq=2, nq=256, nk=300, d=64, dtype=torch.bfloat16, seed=17)
+    q, k = (torch.where(t < 0, -1.0, 1.0) * t.float().abs().clamp_min(0.2) * magnitude for t in (q, k))
+    q, k = q.bfloat16(), k.bfloat16()
+    out, lse = run(mod, q, k, v, "HND", lse=True)
+    ref, ref_lse = reference_of(mod, q, k, v, "HND", fp8=fp8)
+    assert_close(out.float().cpu(), ref.float(), cos=0.9999, rel_l1=0.01, what=f"|q|, |k| ~{magnitude:g}")
+    # vs the same quantized scores: fp32 carries them to about 1e-7, the LSE to 1e-4 of its size
+    assert_lse_close(lse, ref_lse, atol=2e-3 + 1e-4 * ref_lse.abs().max().item(), what=f"|q|, |k| ~{magnitude:g}")
 
 
 @pytest.mark.parametrize("family, fp8", FAMILIES)
@@ -245,9 +264,16 @@ def test_large_v_fp16_accumulator_is_redone_in_fp32(family, fp8):
     assert metrics(out.float().cpu(), ref.cpu())["cos"] > 0.99
 
 
-def test_pv8_f16_accumulator_flag_is_reported():
-    mod = module("sm89")
-    assert isinstance(mod.FP8_F16_ACCUM, bool)
+@pytest.mark.parametrize("family", ["sm89", "sm90"])
+def test_pv8_f16_accumulator_only_where_the_family_has_it(family):
+    """The flag the module reports (it decides V's +-2.25 scaling) is archs.py's "f16_accum" under nvcc >= 12.8."""
+    mod = module(family)
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc is not on the PATH: the build's version is unknown")
+    version = build_rules.parse_nvcc_version(subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout)
+    has = archs.FAMILIES[family].get("f16_accum", False)
+    assert mod.FP8_F16_ACCUM == (has and version >= archs.version_tuple(archs.FP8_F16_ACCUM_MIN_CUDA))
 
 
 @pytest.mark.parametrize("family, fp8", FAMILIES)

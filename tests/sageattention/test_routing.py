@@ -46,33 +46,54 @@ def qkv(nq=256, nk=256, d=64, hq=4, hk=4):
 
 @pytest.mark.parametrize("cap, want", [((8, 0), "compiled sm80 kernels"), ((8, 6), "compiled sm80 kernels"),
                                        ((8, 9), "compiled sm89 kernels"), ((12, 0), "compiled sm89 kernels"),
-                                       ((9, 0), "triton"), ((10, 0), "triton")])
+                                       ((9, 0), "compiled sm90 kernels"), ((10, 0), "triton")])
 def test_sageattn_routes_by_arch(gpu, cap, want):
-    gpu(cap)
+    gpu(cap, built=("sm80", "sm89", "sm90"))
     assert sa.explain(*qkv()).startswith(want)
 
 
 def test_named_cuda_variants_take_the_compiled_kernels_where_sageattn_prefers_triton(gpu, compiled_calls):
-    gpu((9, 0))
+    gpu((10, 0))
     q, k, v = qkv()
     core.sageattn_qk_int8_pv_fp8_cuda(q, k, v)
     core.sageattn_qk_int8_pv_fp16_cuda(q, k, v)
-    core.sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v)
-    assert [a[7] for a in compiled_calls] == ["sm89", "sm80", "sm89"]
+    assert [a[7] for a in compiled_calls] == ["sm89", "sm80"]
 
 
-def test_hopper_takes_its_own_family_once_archs_py_names_it(gpu, compiled_calls, monkeypatch):
-    """What serving sm90 with the wgmma kernel takes: archs.py's entry for 9.0 (and the module in the build)."""
-    monkeypatch.setitem(dispatch.archs.ARCH_FAMILY, "9.0", "sm90")
+def test_hopper_runs_its_own_family(gpu, compiled_calls):
     gpu((9, 0), built=("sm80", "sm89", "sm90"))
     q, k, v = qkv()
-    core.sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v)
+    sa.sageattn(q, k, v)
+    core.sageattn_qk_int8_pv_fp8_cuda(q, k, v)
     core.sageattn_qk_int8_pv_fp16_cuda(q, k, v)
-    assert [a[7] for a in compiled_calls] == ["sm90", "sm80"]
+    core.sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v)
+    assert [a[7] for a in compiled_calls] == ["sm90", "sm90", "sm80", "sm90"]
+
+
+def test_hopper_build_without_its_module_runs_fp8_on_triton(gpu, compiled_calls, caplog):
+    """A build whose arch list lacks 9.0 has no _C_sm90: FP8 P·V on an H100 takes the Triton kernels (the DEBUG log
+    says so), and 16-bit P·V still the sm80 family."""
+    gpu((9, 0), built=("sm80", "sm89"))
+    q, k, v = qkv()
+    with caplog.at_level("DEBUG", logger="sageattention"):
+        core.sageattn_qk_int8_pv_fp8_cuda(q, k, v)
+        core.sageattn_qk_int8_pv_fp16_cuda(q, k, v)
+    assert [a[7] for a in compiled_calls] == ["sm80"]
+    assert caplog.messages[0].startswith("sageattn_qk_int8_pv_fp8_cuda: triton")
+
+
+@pytest.mark.parametrize("cap", [(8, 0), (9, 0)])
+def test_triton_variant_stays_on_triton(gpu, compiled_calls, caplog, cap):
+    gpu(cap, built=("sm80", "sm89", "sm90"))
+    with caplog.at_level("DEBUG", logger="sageattention"):
+        core.sageattn_qk_int8_pv_fp16_triton(*qkv())
+    assert compiled_calls == []
+    assert caplog.messages == ["sageattn_qk_int8_pv_fp16_triton: triton (sageattn_qk_int8_pv_fp16_triton runs the "
+                               "Triton kernels)"]
 
 
 @pytest.mark.parametrize("cap, pv_fp8, want", [((8, 0), True, None), ((8, 0), False, "sm80"), ((8, 9), True, "sm89"),
-                                               ((9, 0), True, "sm89"), ((12, 1), False, "sm80"),
+                                               ((9, 0), True, "sm90"), ((12, 1), False, "sm80"),
                                                ((12, 1), True, "sm89"), ((11, 0), True, None)])
 def test_family_for_reads_archs_py(cap, pv_fp8, want):
     assert dispatch.family_for(cap, pv_fp8) == want

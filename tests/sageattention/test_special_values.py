@@ -202,6 +202,7 @@ def test_tiny_v(var, dtype, mag):
 QK_MAGS = {  # name -> (|q|, |k|)
     "q1e-37-k1e37": (1e-37, 1e37),  # INT8 scale absmax / 127 of q subnormal: its reciprocal overflows
     "1e-30": (1e-30, 1e-30),  # dequantization factor q_scale * k_scale * sm_scale underflows to 0
+    "2e3": (2e3, 2e3),  # scores ~1e7 (ulp 1): m - log2(448) rounds to m - 9, P's peak 512 saturates at 448
     "1e4": (1e4, 1e4),  # scores ~1e8 (ulp 16): the FP8 exponent offset m - log2(448) rounds down, P's peak past 448
     "1e18": (1e18, 1e18),  # dequantization factor ~1e33: 1.5 * 2**23 times it overflows fp32
 }
