@@ -12,7 +12,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.functional import scaled_dot_product_attention as sdpa
 
 import sageattention
-from sageattention import core, dispatch, ops
+from sageattention import core
 
 
 @dataclass(frozen=True)
@@ -53,9 +53,7 @@ SDPA_BACKENDS = {"sdpa flash": SDPBackend.FLASH_ATTENTION, "sdpa cudnn": SDPBack
 def sageattn_on_triton(q, k, v, tensor_layout="HND", is_causal=False):
     """sageattn's defaults on the Triton kernels whatever the GPU (on Hopper: what sageattn ran before the sm90
     kernel), without the small-problem SDPA fallback."""
-    plan = core.sageattn_plan(dispatch.capability(q.device))
-    return ops.run_attention(q, k, v, None, tensor_layout, bool(is_causal), 0, q.shape[-1] ** -0.5, *plan.fields(),
-                             False, "")[0]
+    return core._sageattn(q, k, v, tensor_layout, is_causal, None, False, {}, kernels="triton")
 
 
 SAGE_FUNCTIONS = {  # the public entry points, and sageattn pinned to the Triton kernels

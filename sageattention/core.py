@@ -72,23 +72,26 @@ def compiled_accum(plan: Plan) -> int:
     return ACC_F16_INNER if plan.pv_two_level else ACC_F32
 
 
-def _route(fn_name, q, cap, plan, *, b, hq, nq, nk, is_causal, causal_offset, masked, return_lse, compiled):
-    """Which kernels run a call: ("sdpa", why), ("compiled", family) or ("triton", why)."""
+def _route(fn_name, q, cap, plan, *, b, hq, nq, nk, is_causal, causal_offset, masked, return_lse, kernels):
+    """Which kernels run a call: ("sdpa", why), ("compiled", family) or ("triton", why). kernels, what the entry point
+    may run: "auto" (sageattn: SDPA for small problems, else the compiled kernels where built and archs.py prefers
+    them, else Triton), "compiled" (the `_cuda` variants: the compiled kernels wherever built) or "triton" (the
+    `_triton` variant, and sageattn pinned to Triton by bench/)."""
     d = q.shape[-1]
-    if fn_name == "sageattn":
+    if kernels == "auto":
         why = fallback.sdpa_reason(b, hq, nq, nk, d, is_causal=is_causal, causal_offset=causal_offset, masked=masked,
                                    return_lse=return_lse)
         if why:
             return "sdpa", why
     if cap is None:
         return "triton", "CPU tensors run under Triton's interpreter"
-    if not compiled and fn_name != "sageattn":  # the `_triton` variant: Triton on every GPU, as its name says
+    if kernels == "triton":
         return "triton", f"{fn_name} runs the Triton kernels"
     if masked:
         return "triton", "attn_mask is applied by the Triton kernels"
     if d > COMPILED_MAX_HEAD_DIM:
         return "triton", f"head_dim {d}: the compiled kernels take head_dim <= {COMPILED_MAX_HEAD_DIM}"
-    if not compiled and not dispatch.sageattn_prefers_compiled(cap):
+    if kernels == "auto" and not dispatch.sageattn_prefers_compiled(cap):
         return "triton", f"sm{cap[0]}{cap[1]}: sageattn prefers the Triton kernels here (sageattention/archs.py)"
     family = dispatch.compiled_family(cap, plan.pv_fp8, q.device)
     if family is None:
@@ -97,11 +100,10 @@ def _route(fn_name, q, cap, plan, *, b, hq, nq, nk, is_causal, causal_offset, ma
 
 
 def _attention(fn_name, q, k, v, *, tensor_layout, is_causal, sm_scale, qk_quant_gran, pv_fp8, pv_accum_dtype,
-               accum_choices, smooth_k, smooth_v, return_lse, attn_mask=None, dropout_p=0.0, compiled=False,
+               accum_choices, smooth_k, smooth_v, return_lse, attn_mask=None, dropout_p=0.0, kernels="auto",
                only_archs=None, explain=False):
     """See `resolve_plan` for pv_fp8, pv_accum_dtype and accum_choices. qk_quant_gran None: the backend's default.
-    compiled: fn_name is a `_cuda` variant, served by the compiled kernels wherever the build has them for the GPU.
-    explain: return the route (backend, detail) instead of running."""
+    kernels: "auto", "compiled" or "triton" (see `_route`). explain: return the route (backend, detail) instead of running."""
     b, hq, _, nq, nk = inputs.check_dense(q, k, v, tensor_layout)
     cap = dispatch.capability(q.device)
     plan = resolve_plan(fn_name, cap, qk_quant_gran=qk_quant_gran or SAGEATTN_GRAN, pv_fp8=pv_fp8,
@@ -116,7 +118,7 @@ def _attention(fn_name, q, k, v, *, tensor_layout, is_causal, sm_scale, qk_quant
     dispatch.check_supported(q.device, needs_fp8=plan.pv_fp8, only=only_archs)
     backend, detail = _route(fn_name, q, cap, plan, b=b, hq=hq, nq=nq, nk=nk, is_causal=is_causal,
                              causal_offset=causal_offset, masked=mask is not None, return_lse=bool(return_lse),
-                             compiled=compiled)
+                             kernels=kernels)
     if explain:
         return backend, detail
     if not torch.compiler.is_compiling() and _log.isEnabledFor(logging.DEBUG):  # dynamo cannot trace loggers
@@ -131,7 +133,7 @@ def _attention(fn_name, q, k, v, *, tensor_layout, is_causal, sm_scale, qk_quant
                                               plan.smooth_k, plan.smooth_v, bool(return_lse))
     else:
         out, lse = ops.run_attention(q, k, v, mask, tensor_layout, is_causal, causal_offset, scale, *plan.fields(),
-                                     bool(return_lse), fn_name if compiled else "")
+                                     bool(return_lse), fn_name if kernels == "compiled" else "")
     return (out, lse) if return_lse else out
 
 
@@ -157,7 +159,7 @@ def sageattn(q, k, v, tensor_layout="HND", is_causal=False, sm_scale=None, retur
     return _sageattn(q, k, v, tensor_layout, is_causal, sm_scale, return_lse, kwargs)
 
 
-def _sageattn(q, k, v, tensor_layout, is_causal, sm_scale, return_lse, kwargs, explain=False):
+def _sageattn(q, k, v, tensor_layout, is_causal, sm_scale, return_lse, kwargs, explain=False, kernels="auto"):
     inputs.check_kwargs("sageattn", kwargs, SAGEATTN_KWARGS)
     _check_quant_backend(kwargs.get("quantization_backend", "triton"))
     return _attention(
@@ -165,7 +167,7 @@ def _sageattn(q, k, v, tensor_layout, is_causal, sm_scale, return_lse, kwargs, e
         qk_quant_gran=kwargs.get("qk_quant_gran"), pv_fp8=None,
         pv_accum_dtype=kwargs.get("pv_accum_dtype"), accum_choices=None, smooth_k=kwargs.get("smooth_k", True),
         smooth_v=kwargs.get("smooth_v", False), return_lse=return_lse, attn_mask=kwargs.get("attn_mask"),
-        dropout_p=kwargs.get("dropout_p", 0.0), explain=explain,
+        dropout_p=kwargs.get("dropout_p", 0.0), explain=explain, kernels=kernels,
     )
 
 
@@ -182,6 +184,7 @@ def sageattn_qk_int8_pv_fp16_triton(q, k, v, tensor_layout="HND", quantization_b
         "sageattn_qk_int8_pv_fp16_triton", q, k, v, tensor_layout=tensor_layout, is_causal=is_causal,
         sm_scale=sm_scale, qk_quant_gran="per_block", pv_fp8=False, pv_accum_dtype="fp32",
         accum_choices=("fp32",), smooth_k=smooth_k, smooth_v=False, return_lse=return_lse, attn_mask=attn_mask,
+        kernels="triton",
     )
 
 
@@ -191,7 +194,7 @@ def _cuda_variant(fn_name, pv_fp8, accum_choices, q, k, v, tensor_layout, is_cau
     return _attention(
         fn_name, q, k, v, tensor_layout=tensor_layout, is_causal=is_causal, sm_scale=sm_scale,
         qk_quant_gran=qk_quant_gran, pv_fp8=pv_fp8, pv_accum_dtype=pv_accum_dtype, accum_choices=accum_choices,
-        smooth_k=smooth_k, smooth_v=smooth_v, return_lse=return_lse, compiled=True, only_archs=only_archs,
+        smooth_k=smooth_k, smooth_v=smooth_v, return_lse=return_lse, kernels="compiled", only_archs=only_archs,
     )
 
 

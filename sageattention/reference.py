@@ -29,6 +29,7 @@ from .quant_groups import MIN_SCALE, Grouping, k_grouping, q_grouping
 from .smoothing import token_mean, usable_v_mean
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
+F16_ACCUM_V_MAX = 2.25  # |quantized V| whose 64-key sums of P * 448 * V an fp16 accumulator holds (compiled fp32+fp16)
 INT8_MAX = 127.0
 
 

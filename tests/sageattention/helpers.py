@@ -250,16 +250,17 @@ def oracle_args(var: Variant, q, layout="HND", *, masked=False, **kw) -> dict:
         out = {"qk_quant_gran": kw.get("qk_quant_gran", var.gran)}
         return out if var.p_scale is None else dict(out, p_scale=var.p_scale)
     gran = kw.get("qk_quant_gran", core.SAGEATTN_GRAN_COMPILED if var.name == "sageattn" else var.gran)
-    return {"qk_quant_gran": gran, "compiled": True, "v_max": 2.25 if f16_accumulates(var, q) else reference.FP8_MAX}
+    v_max = reference.FP8_MAX
+    if var.pv == "fp8":
+        family = dispatch.compiled_family(dispatch.capability(q.device), True, q.device)
+        v_max = compiled_v_max(dispatch.compiled_module(family), var.kwargs.get("pv_accum_dtype") == "fp32+fp16")
+    return {"qk_quant_gran": gran, "compiled": True, "v_max": v_max}
 
 
-def f16_accumulates(var: Variant, q) -> bool:
-    """Whether this compiled call's FP8 P·V accumulates each tile in fp16 (its V is then scaled to +-2.25): asked
-    for, and the module serving the GPU has that kernel (sm89 family, nvcc >= 12.8; sm90 runs two-level fp32)."""
-    if var.pv != "fp8" or var.kwargs.get("pv_accum_dtype") != "fp32+fp16":
-        return False
-    family = dispatch.compiled_family(dispatch.capability(q.device), True, q.device)
-    return family is not None and dispatch.compiled_module(family).FP8_F16_ACCUM
+def compiled_v_max(module, f16_inner: bool) -> float:
+    """V's FP8 range in a compiled module's call: +-2.25 where it runs its fp16-accumulating P·V (asked for, and built:
+    sm89 family, nvcc >= 12.8; sm90 runs that request two-level in fp32), else e4m3's 448."""
+    return reference.F16_ACCUM_V_MAX if f16_inner and module.FP8_F16_ACCUM else reference.FP8_MAX
 
 
 def check_variant_vs_fp32(var: Variant, q, k, v, layout="HND", *, is_causal=False, attn_mask=None,

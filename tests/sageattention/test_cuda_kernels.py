@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.sageattention.helpers import assert_close, assert_lse_close, lse_tol, make_qkv, metrics, sdpa_fp32
+from tests.sageattention.helpers import (assert_close, assert_lse_close, compiled_v_max, lse_tol, make_qkv, metrics,
+                                        sdpa_fp32)
 import build_rules
 from sageattention import archs, reference
 from sageattention.core import ACC_F16_INNER, ACC_F32, ACC_TWO_LEVEL, GRAN_CODE
@@ -69,8 +70,8 @@ def run(mod, q, k, v, layout, *, causal=False, causal_offset=0, gran="per_thread
 
 def reference_of(mod, q, k, v, layout, *, fp8, causal=False, gran="per_thread", accum=ACC_TWO_LEVEL,
                  smooth_v=False, sm_scale=None):
-    """What `mod` computes, by the reference: its fp16-accumulating FP8 P·V (where it has one) scales V to +-2.25."""
-    v_max = 2.25 if (fp8 and accum == ACC_F16_INNER and mod.FP8_F16_ACCUM) else reference.FP8_MAX
+    """What `mod` computes, by the reference."""
+    v_max = compiled_v_max(mod, fp8 and accum == ACC_F16_INNER)
     out, lse = reference.sage_attention_reference(
         *(to_hnd(t, layout).cpu() for t in (q, k, v)), is_causal=causal, qk_quant_gran=gran,
         pv_dtype="fp8" if fp8 else "fp16", smooth_v=smooth_v, v_max=v_max, compiled=True, sm_scale=sm_scale)
