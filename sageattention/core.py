@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 
 import torch
@@ -38,8 +39,8 @@ COMPILED_MAX_HEAD_DIM = 128
 GRAN_CODE = {name: i for i, name in enumerate(GRANULARITIES)}  # csrc/common/params.h: Granularity
 ACC_F32, ACC_TWO_LEVEL, ACC_F16_INNER = 0, 1, 2  # csrc/common/params.h: PvAccum
 
-SAGEATTN_KWARGS = ("attn_mask", "dropout_p", "smooth_k", "smooth_v", "qk_quant_gran", "pv_accum_dtype",
-                   "quantization_backend")
+SAGEATTN_KWARGS = frozenset(("attn_mask", "dropout_p", "smooth_k", "smooth_v", "qk_quant_gran", "pv_accum_dtype",
+                             "quantization_backend"))
 
 
 def resolve_plan(fn_name, cap, *, qk_quant_gran, pv_fp8, pv_accum_dtype, accum_choices, smooth_k,
@@ -72,12 +73,11 @@ def compiled_accum(plan: Plan) -> int:
     return ACC_F16_INNER if plan.pv_two_level else ACC_F32
 
 
-def _route(fn_name, q, cap, plan, *, b, hq, nq, nk, is_causal, causal_offset, masked, return_lse, kernels):
+def _route(fn_name, device, cap, plan, *, b, hq, nq, nk, d, is_causal, causal_offset, masked, return_lse, kernels):
     """Which kernels run a call: ("sdpa", why), ("compiled", family) or ("triton", why). kernels, what the entry point
     may run: "auto" (sageattn: SDPA for small problems, else the compiled kernels where built and archs.py prefers
     them, else Triton), "compiled" (the `_cuda` variants: the compiled kernels wherever built) or "triton" (the
     `_triton` variant, and sageattn pinned to Triton by bench/)."""
-    d = q.shape[-1]
     if kernels == "auto":
         why = fallback.sdpa_reason(b, hq, nq, nk, d, is_causal=is_causal, causal_offset=causal_offset, masked=masked,
                                    return_lse=return_lse)
@@ -93,32 +93,59 @@ def _route(fn_name, q, cap, plan, *, b, hq, nq, nk, is_causal, causal_offset, ma
         return "triton", f"head_dim {d}: the compiled kernels take head_dim <= {COMPILED_MAX_HEAD_DIM}"
     if kernels == "auto" and not dispatch.sageattn_prefers_compiled(cap):
         return "triton", f"sm{cap[0]}{cap[1]}: sageattn prefers the Triton kernels here (sageattention/archs.py)"
-    family = dispatch.compiled_family(cap, plan.pv_fp8, q.device)
+    family = dispatch.compiled_family(cap, plan.pv_fp8, device)
     if family is None:
         return "triton", f"this build has no compiled {'FP8' if plan.pv_fp8 else '16-bit'} P·V kernels for the GPU"
     return "compiled", family
+
+
+def _setup(fn_name, device, cap, shape, is_causal, causal_offset, masked, sm_scale, qk_quant_gran, pv_fp8,
+           pv_accum_dtype, accum_choices, smooth_k, smooth_v, return_lse, dropout_p, kernels, only_archs,
+           sdpa_fallback):
+    """Everything a call decides from its arguments but the tensors' data: the argument checks that need no tensor,
+    the plan, the scale and the route; (plan, scale, backend, detail). shape: (B, Hq, Nq, Nk, D). sdpa_fallback:
+    fallback's switch, part of the arguments so that a cached answer follows it."""
+    plan = resolve_plan(fn_name, cap, qk_quant_gran=qk_quant_gran or SAGEATTN_GRAN, pv_fp8=pv_fp8,
+                        pv_accum_dtype=pv_accum_dtype, accum_choices=accum_choices, smooth_k=smooth_k,
+                        smooth_v=smooth_v)
+    inputs.check_dropout(dropout_p)
+    scale = inputs.resolve_sm_scale(sm_scale, shape[-1])
+    dispatch.check_supported(device, needs_fp8=plan.pv_fp8, only=only_archs, cap=cap)
+    b, hq, nq, nk, d = shape
+    backend, detail = _route(fn_name, device, cap, plan, b=b, hq=hq, nq=nq, nk=nk, d=d, is_causal=is_causal,
+                             causal_offset=causal_offset, masked=masked, return_lse=return_lse, kernels=kernels)
+    if backend == "compiled" and qk_quant_gran is None:
+        plan = dataclasses.replace(plan, qk_quant_gran=SAGEATTN_GRAN_COMPILED)
+    return plan, scale, backend, detail
+
+
+# A model calls attention with a handful of argument sets: deciding each once takes the checks and routing off the
+# host time of every later call (small calls are host-bound). Tests that fake a GPU clear it (tests' conftest).
+_setup_cached = functools.lru_cache(maxsize=256)(_setup)
 
 
 def _attention(fn_name, q, k, v, *, tensor_layout, is_causal, sm_scale, qk_quant_gran, pv_fp8, pv_accum_dtype,
                accum_choices, smooth_k, smooth_v, return_lse, attn_mask=None, dropout_p=0.0, kernels="auto",
                only_archs=None, explain=False):
     """See `resolve_plan` for pv_fp8, pv_accum_dtype and accum_choices. qk_quant_gran None: the backend's default.
-    kernels: "auto", "compiled" or "triton" (see `_route`). explain: return the route (backend, detail) instead of running."""
+    kernels: "auto", "compiled" or "triton" (see `_route`). only_archs: a frozenset of capabilities. explain: return
+    the route (backend, detail) instead of running."""
     b, hq, _, nq, nk = inputs.check_dense(q, k, v, tensor_layout)
-    cap = dispatch.capability(q.device)
-    plan = resolve_plan(fn_name, cap, qk_quant_gran=qk_quant_gran or SAGEATTN_GRAN, pv_fp8=pv_fp8,
-                        pv_accum_dtype=pv_accum_dtype, accum_choices=accum_choices, smooth_k=smooth_k,
-                        smooth_v=smooth_v)
-    inputs.check_dropout(dropout_p)
-    scale = inputs.resolve_sm_scale(sm_scale, q.shape[-1])
     attn_mask, is_causal, causal_offset = inputs.causal_alignment(attn_mask, is_causal, nq, nk)
     mask = inputs.expand_mask(attn_mask, q, (b, hq, nq, nk))
     if mask is not None and mask.requires_grad and torch.is_grad_enabled():
         raise ValueError(f"{fn_name}: gradients with respect to attn_mask are not supported; pass attn_mask.detach()")
-    dispatch.check_supported(q.device, needs_fp8=plan.pv_fp8, only=only_archs)
-    backend, detail = _route(fn_name, q, cap, plan, b=b, hq=hq, nq=nq, nk=nk, is_causal=is_causal,
-                             causal_offset=causal_offset, masked=mask is not None, return_lse=bool(return_lse),
-                             kernels=kernels)
+    device = q.device
+    args = (fn_name, device, dispatch.capability(device), (b, hq, nq, nk, q.shape[-1]), is_causal, causal_offset,
+            mask is not None, sm_scale, qk_quant_gran, pv_fp8, pv_accum_dtype, accum_choices, smooth_k, smooth_v,
+            bool(return_lse), dropout_p, kernels, only_archs, fallback.is_enabled())
+    if torch.compiler.is_compiling():
+        plan, scale, backend, detail = _setup(*args)
+    else:
+        try:
+            plan, scale, backend, detail = _setup_cached(*args)
+        except TypeError:  # an unhashable argument (the cache's error): the uncached checks name what is wrong
+            plan, scale, backend, detail = _setup(*args)
     if explain:
         return backend, detail
     if not torch.compiler.is_compiling() and _log.isEnabledFor(logging.DEBUG):  # dynamo cannot trace loggers
@@ -126,8 +153,6 @@ def _attention(fn_name, q, k, v, *, tensor_layout, is_causal, sm_scale, qk_quant
     if backend == "sdpa":
         return fallback.sdpa(q, k, v, tensor_layout, is_causal, causal_offset, scale)
     if backend == "compiled":
-        if qk_quant_gran is None:
-            plan = dataclasses.replace(plan, qk_quant_gran=SAGEATTN_GRAN_COMPILED)
         out, lse = ops.run_compiled_attention(q, k, v, tensor_layout == "NHD", is_causal, causal_offset, scale,
                                               detail, GRAN_CODE[plan.qk_quant_gran], compiled_accum(plan),
                                               plan.smooth_k, plan.smooth_v, bool(return_lse))
@@ -220,7 +245,7 @@ def sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v, tensor_layout="HND", is_causal=Fa
     """The Hopper (sm90) variant of INT8 Q·K + FP8 P·V."""
     return _cuda_variant("sageattn_qk_int8_pv_fp8_cuda_sm90", True, SM90_PV_ACCUM, q, k, v, tensor_layout,
                          is_causal, qk_quant_gran, sm_scale, pv_accum_dtype, smooth_k, False, return_lse,
-                         only_archs={(9, 0)})
+                         only_archs=frozenset({(9, 0)}))
 
 
 def sageattn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=False,

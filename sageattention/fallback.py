@@ -23,6 +23,10 @@ MIN_MACS = 1 << 27  # B * Hq * Nq * Nk * D below this: a few microseconds of ten
 _enabled = os.environ.get("SAGEATTN_SDPA_FALLBACK", "1").strip() != "0"
 
 
+def is_enabled() -> bool:
+    return _enabled
+
+
 def set_sdpa_fallback(enabled: bool) -> None:
     """Whether `sageattn` may hand small problems to SDPA (default True; the environment's
     SAGEATTN_SDPA_FALLBACK=0 sets it False at import)."""
@@ -45,7 +49,7 @@ def sdpa_reason(b: int, hq: int, nq: int, nk: int, d: int, *, is_causal: bool, c
 def sdpa(q, k, v, tensor_layout: str, is_causal: bool, causal_offset: int, sm_scale: float) -> torch.Tensor:
     """SDPA with sageattn's semantics: GQA, causal query i sees keys j <= i + causal_offset; output in q's layout
     (for NHD the same transposed view SDPA users get: copying it would cost more than the small problem itself)."""
-    qh, kh, vh = (to_hnd(t, tensor_layout) for t in (q, k, v))
+    qh, kh, vh = to_hnd(q, tensor_layout), to_hnd(k, tensor_layout), to_hnd(v, tensor_layout)
     nq, nk = qh.shape[2], kh.shape[2]
     mask = None
     if is_causal and causal_offset != 0:  # SDPA's is_causal is top-left (offset 0)

@@ -6,6 +6,7 @@ The tooling tests collected before this folder import neither (tests/ci/test_tor
 """
 import os
 
+import pytest
 import torch
 
 if not torch.cuda.is_available():
@@ -18,3 +19,12 @@ os.environ.setdefault("SAGEATTN_SDPA_FALLBACK", "0")
 def pytest_configure(config):
     # numpy warnings from the interpreter's emulation of masked lanes (log2(0), 0/0 on padding rows)
     config.addinivalue_line("filterwarnings", "ignore::RuntimeWarning:triton.runtime.interpreter")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_call_setups():
+    """core caches each argument set's checks and route; tests that fake a GPU or a build must not see another
+    test's answers."""
+    from sageattention import core
+
+    core._setup_cached.cache_clear()

@@ -23,7 +23,7 @@ def gpu(monkeypatch):
     """Pretend to be a GPU of capability `cap` whose build holds the compiled families in `built`."""
     def make(cap, built=("sm80", "sm89")):
         monkeypatch.setattr(dispatch, "capability", lambda device: cap)
-        monkeypatch.setattr(dispatch, "check_supported", lambda device, needs_fp8=False, only=None: cap)
+        monkeypatch.setattr(dispatch, "check_supported", lambda device, needs_fp8=False, only=None, cap=None: cap)
 
         def family(cap_, pv_fp8, device):
             want = dispatch.family_for(cap_, pv_fp8)
@@ -150,6 +150,28 @@ def test_what_sdpa_cannot_reproduce_keeps_the_kernels(sdpa_fallback, nq, kwargs)
     """LSE, masks, and bottom-right causal with rows that see no key (SDPA: NaN, sageattn: 0)."""
     q, k, v = make_qkv(b=1, hq=2, nq=nq, nk=77, d=64)
     assert not sa.explain(q, k, v, **kwargs).startswith("sdpa")
+
+
+def test_an_argument_set_is_checked_and_routed_once(gpu, compiled_calls, monkeypatch):
+    """Small calls are host-bound: a repeated argument set reuses its checks and route; a new one decides anew."""
+    gpu((8, 9))
+    decided = []
+    resolve = core.resolve_plan
+    monkeypatch.setattr(core, "resolve_plan", lambda *a, **kw: decided.append(a[0]) or resolve(*a, **kw))
+    q, k, v = qkv()
+    for _ in range(3):
+        sa.sageattn(q, k, v)
+    sa.sageattn(q, k, v, is_causal=True)
+    sa.sageattn(*qkv(nq=300))
+    assert len(decided) == 3 and len(compiled_calls) == 5
+
+
+def test_an_unhashable_argument_gets_the_named_error():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match=r"qk_quant_gran=\['per_warp'\] is not supported"):
+        sa.sageattn(q, k, v, qk_quant_gran=["per_warp"])
+    with pytest.raises(ValueError, match="pv_accum_dtype"):
+        sa.sageattn_qk_int8_pv_fp8_cuda(q, k, v, pv_accum_dtype={"fp32"})
 
 
 def test_the_fallback_can_be_turned_off(sdpa_fallback):

@@ -2,6 +2,8 @@
 import re
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 
 import sageattention as sa
@@ -172,3 +174,34 @@ def test_errors_leave_inputs_untouched():
     with pytest.raises(ValueError):
         sa.sageattn(q, k, v, dropout_p=0.5)
     assert torch.equal(q, q0)
+
+
+DEFECTS = {  # each makes a tensor fail one of check_qkv's checks
+    "dtype": lambda t: t.float(), "int": lambda t: t.to(torch.int8), "bf16": lambda t: t.bfloat16(),
+    "strided": lambda t: t.transpose(-1, -2).contiguous().transpose(-1, -2), "list": lambda t: [t], "rank": lambda t: t.unsqueeze(0), "empty": lambda t: t[:0],
+    "head_dim": lambda t: t[..., :32], "wide": lambda t: torch.zeros(*t.shape[:-1], 300, dtype=t.dtype),
+    "device": lambda t: t.to("meta"), "subclass": lambda t: torch.nn.Parameter(t, requires_grad=False),
+    "tokens": lambda t: t[..., :1, :],
+}
+
+
+@st.composite
+def _qkv_attempts(draw):
+    """A valid CPU q, k, v with a few defects (DEFECTS) applied, each to some of the three."""
+    ndim = draw(st.sampled_from([3, 4]))
+    qkv = [torch.zeros((2,) * (ndim - 1) + (64,), dtype=torch.float16) for _ in range(3)]
+    for name in draw(st.lists(st.sampled_from(sorted(DEFECTS)), max_size=2)):
+        for i in draw(st.sets(st.integers(0, 2), min_size=1)):
+            if isinstance(qkv[i], torch.Tensor):
+                qkv[i] = DEFECTS[name](qkv[i])
+    return (*qkv, ndim)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(_qkv_attempts(), st.booleans())
+def test_the_quick_input_check_accepts_nothing_the_named_checks_reject(case, interpret):
+    q, k, v, ndim = case
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(inputs, "interpreting", lambda: interpret)
+        if inputs._pass_all(q, k, v, ndim):
+            inputs._check_each(q, k, v, ndim)  # raises if the quick check let something through
