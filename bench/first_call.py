@@ -23,7 +23,7 @@ def main(argv=None) -> int:
     import sageattention  # noqa: F401  (timed apart from the call)
     sage_done = time.perf_counter()
 
-    from bench.workloads import METHODS, MODELS, inputs, methods
+    from bench.workloads import METHODS, MODELS, inputs, methods, pinned
 
     if args.model not in MODELS or args.method not in METHODS:
         ap.error(f"unknown model {args.model!r} or method {args.method!r}; models: {', '.join(MODELS)}; "
@@ -31,9 +31,10 @@ def main(argv=None) -> int:
     m = MODELS[args.model]
     call = methods(m, *inputs(m))[args.method]
     torch.cuda.synchronize()
-    call_start = time.perf_counter()
-    call()
-    torch.cuda.synchronize()
+    with pinned(call):
+        call_start = time.perf_counter()
+        call()
+        torch.cuda.synchronize()
     print(json.dumps(dict(import_torch_s=torch_done - start, import_sageattention_s=sage_done - torch_done,
                           first_call_s=time.perf_counter() - call_start)))
     return 0

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from bench.run import RESULTS, median_ms, run_meta, write_results
-from bench.workloads import METHODS, MODELS, SAGE_FUNCTIONS, Model, inputs, methods
+from bench.workloads import METHODS, MODELS, SAGE_FUNCTIONS, Model, inputs, methods, pinned
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLES = {  # row key -> (title, number format)
@@ -43,12 +43,13 @@ TABLES = {  # row key -> (title, number format)
 
 
 def back_to_back_ms(fn, calls: int) -> float:
-    fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
+    with pinned(fn):
         fn()
-    torch.cuda.synchronize()
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
     return (time.perf_counter() - start) * 1e3 / calls
 
 
@@ -146,7 +147,8 @@ def markdown(rows, meta: dict, names) -> str:
     return text
 
 
-def chart(rows, names, path: Path) -> None:
+def chart(rows, names, path: Path, key: str = "tops", ylabel: str = "TOPS") -> None:
+    """Grouped bars: row[key][name] per row and method (bench.accuracy charts its errors with it)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -156,9 +158,9 @@ def chart(rows, names, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(1.6 * len(rows) + 2, 4.5))
     for i, name in enumerate(names):
         xs = [j + (i - (len(names) - 1) / 2) * width for j in range(len(rows))]
-        ax.bar(xs, [r["tops"][name] or 0 for r in rows], width, label=name)
+        ax.bar(xs, [r[key][name] or 0 for r in rows], width, label=name)
     ax.set_xticks(range(len(rows)), [f"{r['label']}\n{textwrap.fill(r['shape'], 24)}" for r in rows], fontsize=7)
-    ax.set_ylabel("TOPS")
+    ax.set_ylabel(ylabel)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -183,12 +185,17 @@ def name_list(choices):
     return parse
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m bench.models", description=__doc__.splitlines()[0])
+def add_selection(ap: argparse.ArgumentParser, methods) -> None:
+    """--models (of bench.workloads.MODELS) and --methods, comma-separated, default all."""
     ap.add_argument("--models", type=name_list(MODELS), default=list(MODELS),
                     help=f"comma-separated, default all: {','.join(MODELS)}")
-    ap.add_argument("--methods", type=name_list(METHODS), default=list(METHODS),
-                    help=f"comma-separated, default all: {','.join(METHODS)}")
+    ap.add_argument("--methods", type=name_list(methods), default=list(methods),
+                    help=f"comma-separated, default all: {','.join(methods)}")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m bench.models", description=__doc__.splitlines()[0])
+    add_selection(ap, METHODS)
     ap.add_argument("--calls", type=int, default=200, help="back-to-back calls per method (fewer past 1 s of GPU work)")
     ap.add_argument("--first-call", action="store_true", help="first call of each shape and method in a fresh process")
     ap.add_argument("--fresh-cache", action="store_true", help="--first-call with an empty Triton cache per process")

@@ -22,7 +22,7 @@ from torch.nn.attention import SDPBackend
 
 import sageattention
 from sageattention import dispatch, forward
-from bench.workloads import attention_tops, sageattn_on_triton, sdpa_call
+from bench.workloads import attention_tops, pinned, sageattn_on_triton, sdpa_call
 from sageattention.core import ACC_TWO_LEVEL, GRAN_CODE, sageattn_plan
 from sageattention.plan import Plan
 from sageattention.triton import attention, pipeline
@@ -85,7 +85,8 @@ def median_ms(fn, label: str) -> float | None:
     """Median CUDA-event time of fn (L2 flushed between runs); None, with the error's first line on stderr, when
     the method does not take the shape."""
     try:
-        return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+        with pinned(fn):
+            return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
     except Exception as e:  # a backend's refusal: RuntimeError, ValueError, NotImplementedError, ...
         print(f"{label}: {type(e).__name__}: {e}".splitlines()[0], file=sys.stderr)
         return None

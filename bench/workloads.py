@@ -5,6 +5,7 @@ Imports torch and sageattention only (no Triton, no bench.run), so that bench.fi
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -49,11 +50,12 @@ MODELS = {m.key: m for m in (
     Model("small", "small call", b=1, hq=16, hk=16, nq=1024, nk=1024, d=64),
 )}
 
-SDPA_BACKENDS = {"sdpa flash": SDPBackend.FLASH_ATTENTION, "sdpa cudnn": SDPBackend.CUDNN_ATTENTION}
-def sageattn_on_triton(q, k, v, tensor_layout="HND", is_causal=False):
-    """sageattn's defaults on the Triton kernels whatever the GPU (on Hopper: what sageattn ran before the sm90
-    kernel), without the small-problem SDPA fallback."""
-    return core._sageattn(q, k, v, tensor_layout, is_causal, None, False, {}, kernels="triton")
+# "sdpa": the backend PyTorch picks, as a model calling SDPA gets it
+SDPA_BACKENDS = {"sdpa": None, "sdpa flash": SDPBackend.FLASH_ATTENTION, "sdpa cudnn": SDPBackend.CUDNN_ATTENTION}
+def sageattn_on_triton(q, k, v, tensor_layout="HND", is_causal=False, sm_scale=None, return_lse=False, **kwargs):
+    """sageattn on the Triton kernels whatever the GPU (on Hopper: what sageattn ran before the sm90 kernel),
+    without the small-problem SDPA fallback."""
+    return core._sageattn(q, k, v, tensor_layout, is_causal, sm_scale, return_lse, kwargs, kernels="triton")
 
 
 SAGE_FUNCTIONS = {  # the public entry points, and sageattn pinned to the Triton kernels
@@ -72,31 +74,47 @@ def attention_tops(b: int, h: int, nq: int, nk: int, d: int, causal: bool, ms: f
     return flops / (ms * 1e-3) / 1e12
 
 
-def sdpa_call(backend: SDPBackend, q, k, v, **kwargs):
-    """A no-argument call of SDPA pinned to one backend (it raises when that backend cannot take the inputs)."""
+def sdpa_call(backend: SDPBackend | None, q, k, v, layout="HND", **kwargs):
+    """A no-argument call of SDPA, to be run under `pinned(call)`, which pins it to `backend` (None: PyTorch's
+    choice); under that pin it raises where the backend cannot take the inputs. SDPA reads [B, H, N, D]: NHD inputs
+    go in as transposed views and the output comes back to NHD in the call, as a model holding NHD activations
+    (diffusers' attention processors) does it on every call; `sageattn(tensor_layout="NHD")` spares it that."""
     def run():
-        with sdpa_kernel(backend):
-            return sdpa(q, k, v, **kwargs)
+        if layout == "NHD":
+            return sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), **kwargs).transpose(1, 2)
+        return sdpa(q, k, v, **kwargs)
+    run.sdpa_backend = backend
     return run
 
 
-def inputs(m: Model, device="cuda"):
-    """Seeded random q, k, v in the model's layout and dtype."""
+def pinned(call):
+    """The context a method's calls are timed in: an SDPA call's backend pin, entered once around all the calls.
+    Entered per call, `sdpa_kernel` would add 15-30 µs of host time that a model calling SDPA does not pay."""
+    backend = getattr(call, "sdpa_backend", None)
+    return contextlib.nullcontext() if backend is None else sdpa_kernel(backend)
+
+
+def inputs(m: Model, device="cuda", structured=False):
+    """Seeded random q, k, v in the model's layout and dtype. structured: what real activations look like and
+    quantization finds hard: every key shifted by a per-channel bias of 3.5 sigma, and 4 query channels scaled 5.5x."""
     def size(h, n):
         return (m.b, n, h, m.d) if m.layout == "NHD" else (m.b, h, n, m.d)
 
     torch.manual_seed(0)
+    q, k, v = (torch.randn(size(m.hq, m.nq), device=device),
+               *(torch.randn(size(m.hk, m.nk), device=device) for _ in range(2)))
+    if structured:
+        k += 3.5 * torch.randn(m.d, device=device)
+        q[..., torch.randperm(m.d, device=device)[:4]] *= 5.5
     dtype = getattr(torch, m.dtype)
-    return (torch.randn(size(m.hq, m.nq), device=device, dtype=dtype),
-            *(torch.randn(size(m.hk, m.nk), device=device, dtype=dtype) for _ in range(2)))
+    return q.to(dtype), k.to(dtype), v.to(dtype)
 
 
 def methods(m: Model, q, k, v) -> dict:
     """Every method of METHODS as a no-argument call on these inputs, as a model would make it."""
-    # SDPA reads [B, H, N, D]: NHD tensors go in as transposed views, the way a model written for SDPA passes them.
-    qs, ks, vs = (t.transpose(1, 2) for t in (q, k, v)) if m.layout == "NHD" else (q, k, v)
     gqa = {"enable_gqa": True} if m.hk != m.hq else {}
-    calls = {name: sdpa_call(backend, qs, ks, vs, is_causal=m.causal, **gqa) for name, backend in SDPA_BACKENDS.items()}
+    calls = {name: sdpa_call(backend, q, k, v, m.layout, is_causal=m.causal, **gqa)
+             for name, backend in SDPA_BACKENDS.items()}
     for name, fn in SAGE_FUNCTIONS.items():
         calls[name] = lambda fn=fn: fn(q, k, v, tensor_layout=m.layout, is_causal=m.causal)
     return calls

@@ -5,9 +5,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+from packaging.version import Version
 
 from sage3_cases import CASES, EXTREMES, check
+
+triton = pytest.importorskip("triton")
 
 HERE = Path(__file__).parent
 RUNS = [dict(c, native=native) for c in CASES for native in (True, False)] + [dict(c, native=True) for c in EXTREMES]
@@ -15,6 +19,9 @@ RUNS = [dict(c, native=native) for c in CASES for native in (True, False)] + [di
 
 @pytest.fixture(scope="module")
 def interpreted():
+    if Version(np.__version__) >= Version("2.4") and Version(triton.__version__) < Version("3.7"):
+        pytest.skip(f"Triton {triton.__version__}'s interpreter fails on NumPy {np.__version__} (triton-lang/triton#9171: "
+                    "it converts 1-element arrays to scalars); the test extra pins numpy<2.4")
     cases = [dict(c, seed=i) for i, c in enumerate(RUNS)]
     env = dict(os.environ, TRITON_INTERPRET="1",
                PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))

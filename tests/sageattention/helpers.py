@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import sageattention as sa
+from bench.workloads import sageattn_on_triton
 from sageattention import core, dispatch, reference
 from sageattention.inputs import to_hnd
 
@@ -186,6 +187,7 @@ class Variant:
     kwargs: dict = field(default_factory=dict)
     mask: bool = False  # accepts attn_mask
     sm90_only: bool = False
+    triton: bool = False  # always runs the Triton kernels
     p_scale: float | None = None  # FP8 P stretch (None: the reference's default, 448)
 
     def __call__(self, q, k, v, layout="HND", *, is_causal=False, return_lse=False, attn_mask=None, **kw):
@@ -199,7 +201,7 @@ class Variant:
 def _variants():
     return [
         Variant("sageattn", sa.sageattn, sageattn_pv(), core.SAGEATTN_GRAN, mask=True),
-        Variant("fp16_triton", sa.sageattn_qk_int8_pv_fp16_triton, "fp16", "per_block", mask=True),
+        Variant("fp16_triton", sa.sageattn_qk_int8_pv_fp16_triton, "fp16", "per_block", mask=True, triton=True),
         Variant("fp16_cuda-fp32", sa.sageattn_qk_int8_pv_fp16_cuda, "fp16", kwargs={"pv_accum_dtype": "fp32"}),
         Variant("fp16_cuda-fp16+fp32", sa.sageattn_qk_int8_pv_fp16_cuda, "fp16", "per_warp",
                 kwargs={"pv_accum_dtype": "fp16+fp32", "qk_quant_gran": "per_warp"}),
@@ -213,6 +215,10 @@ def _variants():
 
 
 VARIANTS = _variants()
+# sageattn pinned to the Triton kernels on any GPU: for the tests of Triton-only machinery (not in VARIANTS: the
+# public functions' tests cover its kernels through fp16_triton, and through sageattn on the interpreter)
+SAGEATTN_TRITON = Variant("sageattn_triton", sageattn_on_triton, sageattn_pv(), core.SAGEATTN_GRAN, mask=True,
+                          triton=True)
 VARIANT_IDS = [v.name for v in VARIANTS]
 MASK_VARIANTS = [v for v in VARIANTS if v.mask]
 
@@ -237,7 +243,7 @@ def runs_compiled(var: Variant, q, layout="HND", *, masked=False) -> bool:
     if var.name == "sageattn":
         return sa.explain(q, q, q, layout, attn_mask=torch.ones((), dtype=torch.bool, device=q.device) if masked
                           else None).startswith("compiled")
-    if var.name == "fp16_triton" or masked or q.shape[-1] > core.COMPILED_MAX_HEAD_DIM:
+    if var.triton or masked or q.shape[-1] > core.COMPILED_MAX_HEAD_DIM:
         return False
     return dispatch.compiled_family(dispatch.capability(q.device), var.pv == "fp8", q.device) is not None
 

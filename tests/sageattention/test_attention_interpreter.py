@@ -9,7 +9,7 @@ import sageattention as sa
 from sageattention import reference
 from sageattention.inputs import to_hnd
 from tests.sageattention.helpers import (
-    DEVICE, MASK_VARIANTS, TOL, VARIANT_IDS, VARIANTS, assert_close, assert_lse_close, check_per_sequence,
+    DEVICE, MASK_VARIANTS, SAGEATTN_TRITON, TOL, VARIANT_IDS, VARIANTS, assert_close, assert_lse_close, check_per_sequence,
     check_variant_vs_fp32, check_variant_vs_reference, fp64_out, make_qkv, oracle_args, packed_varlen, reference_out,
     sdpa_fp32, skip_bf16_pv16, variant,
 )
@@ -172,7 +172,7 @@ def test_fp32_sdpa_check_on_cpu(var):
     check_variant_vs_fp32(var, q, k, v, tol=TOL["fp8"] if var.gran == "per_block" and not kw else None, **kw)
 
 
-@pytest.mark.parametrize("var", [SAGEATTN, variant("fp16_triton")], ids=lambda v: v.name)
+@pytest.mark.parametrize("var", [SAGEATTN_TRITON, variant("fp16_triton")], ids=lambda v: v.name)
 @pytest.mark.parametrize("d", [64, 80, 72])
 def test_tma_and_pointer_loads_agree(var, d, monkeypatch):
     """K/V through TMA descriptors (sm90+, and the interpreter) and through pointers (older GPUs, varlen,
@@ -205,10 +205,10 @@ def test_tuned_config_is_launched_directly(monkeypatch):
 
     q, k, v = make_qkv(hq=2, nq=70, nk=90, d=64, seed=43)
     monkeypatch.setattr(attn_kernel, "_tuned", {})
-    tuned = sa.sageattn(q, k, v, is_causal=True)
+    tuned = SAGEATTN_TRITON(q, k, v, is_causal=True)[0]
     assert len(attn_kernel._tuned) == 1
     monkeypatch.setattr(Autotuner, "run", lambda *a, **kw: pytest.fail("launched through the autotuner"))
-    direct = sa.sageattn(q, k, v, is_causal=True)
+    direct = SAGEATTN_TRITON(q, k, v, is_causal=True)[0]
     assert torch.equal(tuned, direct)
 
 
@@ -224,7 +224,7 @@ def test_coarse_exponent_offsets_are_redone(scale, redone, monkeypatch):
 
     def run(threshold):
         monkeypatch.setattr(attn_kernel, "REDO_ABOVE", threshold)
-        return SAGEATTN(q, k, v, return_lse=True)
+        return SAGEATTN_TRITON(q, k, v, return_lse=True)
 
     default = run(attn_kernel.REDO_ABOVE)
     every, none = run(0.0), run(float("inf"))
@@ -232,6 +232,6 @@ def test_coarse_exponent_offsets_are_redone(scale, redone, monkeypatch):
     for got, want in zip(default, every if redone else none):
         assert torch.equal(got, want)
     # Scores ~1e5 make softmax an argmax that INT8 rounding moves, so the oracle is the quantized reference.
-    ref, ref_lse = reference_out(q, k, v, pv=SAGEATTN.pv, **oracle_args(SAGEATTN, q))
+    ref, ref_lse = reference_out(q, k, v, pv=SAGEATTN_TRITON.pv, **oracle_args(SAGEATTN_TRITON, q))
     assert_close(default[0].cpu(), ref, cos=TOL["fp8"]["ref_cos"], rel_l1=TOL["fp8"]["ref_l1"])
     assert_lse_close(default[1], ref_lse, atol=1e-4 * ref_lse.abs().max().item())

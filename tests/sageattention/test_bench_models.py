@@ -43,17 +43,19 @@ def test_inputs_follow_the_models_layout_and_dtype(key):
 def test_calls_pass_sdpa_bhnd_views_and_sageattention_the_models_layout(key, monkeypatch):
     m = MODELS[key]
     seen = []
-    monkeypatch.setattr(workloads, "sdpa", lambda q, k, v, **kw: seen.append(("sdpa", q.shape, k.shape, kw)))
+    monkeypatch.setattr(workloads, "sdpa", lambda q, k, v, **kw: seen.append(("sdpa", q.shape, k.shape, kw)) or q)
     for name in workloads.SAGE_FUNCTIONS:
         monkeypatch.setitem(workloads.SAGE_FUNCTIONS, name,
                             lambda q, k, v, **kw: seen.append(("sage", q.shape, k.shape, kw)))
-    calls = workloads.methods(m, *workloads.inputs(m, device="meta"))
+    q, k, v = workloads.inputs(m, device="meta")
+    calls = workloads.methods(m, q, k, v)
     assert tuple(calls) == workloads.METHODS
-    for call in calls.values():
-        call()
+    for name, call in calls.items():
+        out = call()
+        assert name not in workloads.SDPA_BACKENDS or out.shape == q.shape  # back in the model's layout
     gqa = {"enable_gqa": True} if m.hk != m.hq else {}
     sdpa_calls = [s for s in seen if s[0] == "sdpa"]
-    assert sdpa_calls == [("sdpa", (m.b, m.hq, m.nq, m.d), (m.b, m.hk, m.nk, m.d), dict(is_causal=m.causal, **gqa))] * 2
+    assert sdpa_calls == [("sdpa", (m.b, m.hq, m.nq, m.d), (m.b, m.hk, m.nk, m.d), dict(is_causal=m.causal, **gqa))] * 3
     sage_kw = [s[3] for s in seen if s[0] == "sage"]
     assert sage_kw == [dict(tensor_layout=m.layout, is_causal=m.causal)] * len(workloads.SAGE_FUNCTIONS)
 
@@ -131,7 +133,7 @@ def test_arguments():
 
 @pytest.mark.parametrize("argv, says", [
     (["--models", "flux,sd3"], "unknown ['sd3']; supported: flux, sdxl"),
-    (["--methods", "xformers"], "supported: sdpa flash, sdpa cudnn, sageattn"),
+    (["--methods", "xformers"], "supported: sdpa, sdpa flash, sdpa cudnn, sageattn"),
     (["--spread", "1"], "at least 2 processes"),
     (["--fresh-cache"], "add --first-call"),
     (["--calls", "0"], "at least 1"),
@@ -222,3 +224,19 @@ def test_a_run_stopped_midway_keeps_the_models_it_measured(monkeypatch, tmp_path
     report = json.loads((tmp_path / "GPU_X_models.json").read_text())
     assert [r["model"] for r in report["rows"]] == ["flux"]
     assert "Flux" in (tmp_path / "GPU_X_models.md").read_text()
+
+
+def test_sdpa_methods_are_pinned_once_around_their_calls_not_per_call(monkeypatch):
+    """Entering sdpa_kernel costs tens of µs of host time: a per-call pin would inflate SDPA's time per call."""
+    m = MODELS["sdxl-cross"]
+    calls = workloads.methods(m, *workloads.inputs(m, device="meta"))
+    with workloads.pinned(calls["sdpa cudnn"]):
+        assert torch.backends.cuda.cudnn_sdp_enabled() and not torch.backends.cuda.flash_sdp_enabled()
+    with workloads.pinned(calls["sdpa flash"]):
+        assert torch.backends.cuda.flash_sdp_enabled() and not torch.backends.cuda.cudnn_sdp_enabled()
+    with workloads.pinned(calls["sdpa"]):  # PyTorch's own choice: every backend left enabled
+        assert torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.math_sdp_enabled()
+    monkeypatch.setattr(workloads, "sdpa_kernel", lambda backend: pytest.fail("pinned inside the call"))
+    monkeypatch.setattr(workloads, "sdpa", lambda q, k, v, **kw: q)
+    for name in workloads.SDPA_BACKENDS:
+        calls[name]()

@@ -1,0 +1,125 @@
+"""Accuracy on real-model shapes against fp32 SDPA, on random and on structured inputs, with its decomposition.
+
+    python -m bench.accuracy [--models flux,sdxl] [--out DIR]     # writes <device>_accuracy.{json,md,png}
+
+Structured inputs (bench.workloads.inputs): keys shifted by a per-channel bias, a few outlier query channels.
+The methods separate what each choice costs: Q/K granularity (per-thread, per-warp, per-block with FP8 P·V),
+P·V precision (16-bit against FP8, with fp32 or fp16 per-tile accumulation), and the Triton path; "sdpa bf16" is
+the error of unquantized 16-bit attention, the floor of any 16-bit kernel.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+
+import sageattention as sa
+from bench.models import add_selection, chart
+from bench.run import RESULTS, run_meta, write_results
+from bench.workloads import MODELS, Model, inputs, sageattn_on_triton
+
+METHODS = {
+    "sageattn": lambda q, k, v, **kw: sa.sageattn(q, k, v, **kw),
+    "sageattn per_warp": lambda q, k, v, **kw: sa.sageattn(q, k, v, qk_quant_gran="per_warp", **kw),
+    "sageattn per_block": lambda q, k, v, **kw: sa.sageattn(q, k, v, qk_quant_gran="per_block", **kw),
+    "sageattn triton": sageattn_on_triton,
+    "fp16_cuda (16-bit P·V)": sa.sageattn_qk_int8_pv_fp16_cuda,
+    "fp8_cuda fp32+fp32": lambda q, k, v, **kw: sa.sageattn_qk_int8_pv_fp8_cuda(q, k, v, pv_accum_dtype="fp32+fp32",
+                                                                               **kw),
+    "fp8_cuda fp32+fp16": lambda q, k, v, **kw: sa.sageattn_qk_int8_pv_fp8_cuda(q, k, v, pv_accum_dtype="fp32+fp16",
+                                                                               **kw),
+    "sdpa bf16": None,  # scaled_dot_product_attention on the inputs themselves
+}
+
+
+def sdpa(q, k, v, m: Model, dtype=None):
+    """SDPA in `dtype` (None: the inputs') on [B, H, N, D] views, returned in the model's layout."""
+    qh, kh, vh = (t.transpose(1, 2) if m.layout == "NHD" else t for t in (q, k, v))
+    if dtype is not None:
+        qh, kh, vh = qh.to(dtype), kh.to(dtype), vh.to(dtype)
+    out = torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, is_causal=m.causal, enable_gqa=m.hk != m.hq)
+    return out.transpose(1, 2) if m.layout == "NHD" else out
+
+
+def metrics(out: torch.Tensor, ref: torch.Tensor) -> dict:
+    """Cosine similarity and relative L1 of out against ref, in float64 (NaN where out has a non-finite value)."""
+    a, r = out.double().flatten(), ref.double().flatten()
+    if not torch.isfinite(a).all():
+        return dict(cos=float("nan"), rel_l1=float("nan"))
+    cos = torch.nn.functional.cosine_similarity(a, r, dim=0).item()
+    return dict(cos=round(cos, 6), rel_l1=round(((a - r).abs().sum() / r.abs().sum()).item(), 5))
+
+
+def measure(m: Model, names, structured: bool, notes: dict) -> dict:
+    q, k, v = inputs(m, structured=structured)
+    ref = sdpa(q, k, v, m, torch.float32)
+    row = dict(model=m.key, label=m.label, shape=m.shape(), inputs="structured" if structured else "random",
+               cos={}, rel_l1={})
+    for name in names:
+        out = None
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                out = sdpa(q, k, v, m) if METHODS[name] is None else METHODS[name](
+                    q, k, v, tensor_layout=m.layout, is_causal=m.causal)
+            except Exception as e:  # a variant refusing the GPU or the shape: recorded, not fatal
+                notes.setdefault(name, f"{type(e).__name__}: {e}".splitlines()[0])
+        if caught:
+            notes.setdefault(name, str(caught[0].message).splitlines()[0])
+        got = dict(cos=None, rel_l1=None) if out is None else metrics(out, ref)
+        row["cos"][name], row["rel_l1"][name] = got["cos"], got["rel_l1"]
+    return row
+
+
+def markdown(rows, meta: dict, names) -> str:
+    text = (f"# Accuracy against fp32 SDPA\n\n{meta['device']}, torch {meta['torch']}, Triton {meta['triton']}; "
+            f"command: `{meta['command']}`\n")
+    for key, title in (("cos", "cosine similarity"), ("rel_l1", "relative L1")):
+        text += f"\n## {title}\n\n| model | inputs | " + " | ".join(names) + " |\n"
+        text += "|---|---|" + "---:|" * len(names) + "\n"
+        for r in rows:
+            text += f"| {r['label']} ({r['shape']}) | {r['inputs']} | " + " | ".join(
+                "—" if r[key][n] is None else f"{r[key][n]:.{6 if key == 'cos' else 4}f}" for n in names) + " |\n"
+    if meta.get("notes"):
+        text += "\nNotes (first of each method):\n" + "".join(f"- {n}: {w}\n" for n, w in meta["notes"].items())
+    return text
+
+
+def report(rows, meta: dict, names, stem: Path) -> None:
+    """stem.{json,md}, and stem.png: relative L1 on the structured inputs."""
+    write_results(stem, meta, rows, markdown(rows, meta, names))
+    shown = [r for r in rows if r["inputs"] == "structured"]
+    chart(shown, names, stem.with_suffix(".png"), "rel_l1", "relative L1 against fp32 SDPA, structured inputs")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m bench.accuracy", description=__doc__.splitlines()[0])
+    add_selection(ap, METHODS)
+    ap.add_argument("--out", type=Path, default=RESULTS, help="directory for JSON, PNG and markdown")
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench.accuracy needs a CUDA GPU", file=sys.stderr)
+        return 2
+    notes: dict = {}
+    meta = dict(run_meta("bench.accuracy", argv), notes=notes)
+    stem = args.out / f"{meta['device'].replace(' ', '_')}_accuracy"
+    rows = []
+    for key in args.models:
+        for structured in (False, True):
+            rows.append(measure(MODELS[key], args.methods, structured, notes))
+            print(json.dumps(rows[-1]), flush=True)
+        report(rows, meta, args.methods, stem)  # after every model: a run stopped by a time limit keeps its rows
+    print(markdown(rows, meta, args.methods))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
