@@ -99,24 +99,22 @@ def _route(fn_name, device, cap, plan, *, b, hq, nq, nk, d, is_causal, causal_of
     return "compiled", family
 
 
-def _setup(fn_name, device, cap, shape, is_causal, causal_offset, masked, sm_scale, qk_quant_gran, pv_fp8,
-           pv_accum_dtype, accum_choices, smooth_k, smooth_v, return_lse, dropout_p, kernels, only_archs,
-           sdpa_fallback):
-    """Everything a call decides from its arguments but the tensors' data: the argument checks that need no tensor,
-    the plan, the scale and the route; (plan, scale, backend, detail). shape: (B, Hq, Nq, Nk, D). sdpa_fallback:
-    fallback's switch, part of the arguments so that a cached answer follows it."""
+def _setup(fn_name, device, cap, shape, is_causal, causal_offset, masked, qk_quant_gran, pv_fp8, pv_accum_dtype,
+           accum_choices, smooth_k, smooth_v, return_lse, dropout_p, kernels, only_archs, sdpa_fallback):
+    """Everything a call decides from its arguments but the tensors and sm_scale: the remaining argument checks, the
+    plan and the route; (plan, backend, detail). shape: (B, Hq, Nq, Nk, D). sdpa_fallback: fallback's switch, part of
+    the arguments so that a cached answer follows it."""
     plan = resolve_plan(fn_name, cap, qk_quant_gran=qk_quant_gran or SAGEATTN_GRAN, pv_fp8=pv_fp8,
                         pv_accum_dtype=pv_accum_dtype, accum_choices=accum_choices, smooth_k=smooth_k,
                         smooth_v=smooth_v)
     inputs.check_dropout(dropout_p)
-    scale = inputs.resolve_sm_scale(sm_scale, shape[-1])
     dispatch.check_supported(device, needs_fp8=plan.pv_fp8, only=only_archs, cap=cap)
     b, hq, nq, nk, d = shape
     backend, detail = _route(fn_name, device, cap, plan, b=b, hq=hq, nq=nq, nk=nk, d=d, is_causal=is_causal,
                              causal_offset=causal_offset, masked=masked, return_lse=return_lse, kernels=kernels)
     if backend == "compiled" and qk_quant_gran is None:
         plan = dataclasses.replace(plan, qk_quant_gran=SAGEATTN_GRAN_COMPILED)
-    return plan, scale, backend, detail
+    return plan, backend, detail
 
 
 # A model calls attention with a handful of argument sets: deciding each once takes the checks and routing off the
@@ -135,17 +133,19 @@ def _attention(fn_name, q, k, v, *, tensor_layout, is_causal, sm_scale, qk_quant
     mask = inputs.expand_mask(attn_mask, q, (b, hq, nq, nk))
     if mask is not None and mask.requires_grad and torch.is_grad_enabled():
         raise ValueError(f"{fn_name}: gradients with respect to attn_mask are not supported; pass attn_mask.detach()")
+    # checked here, not in the cached _setup: sm_scale=True must fail even after a call with sm_scale=1 (equal keys)
+    scale = inputs.resolve_sm_scale(sm_scale, q.shape[-1])
     device = q.device
     args = (fn_name, device, dispatch.capability(device), (b, hq, nq, nk, q.shape[-1]), is_causal, causal_offset,
-            mask is not None, sm_scale, qk_quant_gran, pv_fp8, pv_accum_dtype, accum_choices, smooth_k, smooth_v,
+            mask is not None, qk_quant_gran, pv_fp8, pv_accum_dtype, accum_choices, smooth_k, smooth_v,
             bool(return_lse), dropout_p, kernels, only_archs, fallback.is_enabled())
     if torch.compiler.is_compiling():
-        plan, scale, backend, detail = _setup(*args)
+        plan, backend, detail = _setup(*args)
     else:
         try:
-            plan, scale, backend, detail = _setup_cached(*args)
+            plan, backend, detail = _setup_cached(*args)
         except TypeError:  # an unhashable argument (the cache's error): the uncached checks name what is wrong
-            plan, scale, backend, detail = _setup(*args)
+            plan, backend, detail = _setup(*args)
     if explain:
         return backend, detail
     if not torch.compiler.is_compiling() and _log.isEnabledFor(logging.DEBUG):  # dynamo cannot trace loggers

@@ -174,6 +174,13 @@ def test_an_unhashable_argument_gets_the_named_error():
         sa.sageattn_qk_int8_pv_fp8_cuda(q, k, v, pv_accum_dtype={"fp32"})
 
 
+def test_an_argument_equal_to_a_cached_one_is_still_checked():
+    q, k, v = qkv()
+    sa.explain(q, k, v, sm_scale=1)
+    with pytest.raises(TypeError, match="sm_scale must be a float or None, got bool"):
+        sa.explain(q, k, v, sm_scale=True)  # True == 1: equal cache keys
+
+
 def test_the_fallback_can_be_turned_off(sdpa_fallback):
     q, k, v = qkv(nk=77)
     assert sa.explain(q, k, v).startswith("sdpa")
