@@ -20,7 +20,7 @@ import torch
 import sageattention as sa
 from bench.models import add_selection, chart
 from bench.run import RESULTS, run_meta, write_results
-from bench.workloads import MODELS, Model, inputs, sageattn_on_triton
+from bench.workloads import MODELS, Model, inputs, model_sdpa, sageattn_on_triton
 
 METHODS = {
     "sageattn": lambda q, k, v, **kw: sa.sageattn(q, k, v, **kw),
@@ -36,15 +36,6 @@ METHODS = {
 }
 
 
-def sdpa(q, k, v, m: Model, dtype=None):
-    """SDPA in `dtype` (None: the inputs') on [B, H, N, D] views, returned in the model's layout."""
-    qh, kh, vh = (t.transpose(1, 2) if m.layout == "NHD" else t for t in (q, k, v))
-    if dtype is not None:
-        qh, kh, vh = qh.to(dtype), kh.to(dtype), vh.to(dtype)
-    out = torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, is_causal=m.causal, enable_gqa=m.hk != m.hq)
-    return out.transpose(1, 2) if m.layout == "NHD" else out
-
-
 def metrics(out: torch.Tensor, ref: torch.Tensor) -> dict:
     """Cosine similarity and relative L1 of out against ref, in float64 (NaN where out has a non-finite value)."""
     a, r = out.double().flatten(), ref.double().flatten()
@@ -56,7 +47,7 @@ def metrics(out: torch.Tensor, ref: torch.Tensor) -> dict:
 
 def measure(m: Model, names, structured: bool, notes: dict) -> dict:
     q, k, v = inputs(m, structured=structured)
-    ref = sdpa(q, k, v, m, torch.float32)
+    ref = model_sdpa(m, q.float(), k.float(), v.float())()
     row = dict(model=m.key, label=m.label, shape=m.shape(), inputs="structured" if structured else "random",
                cos={}, rel_l1={})
     for name in names:
@@ -64,7 +55,7 @@ def measure(m: Model, names, structured: bool, notes: dict) -> dict:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
-                out = sdpa(q, k, v, m) if METHODS[name] is None else METHODS[name](
+                out = model_sdpa(m, q, k, v)() if METHODS[name] is None else METHODS[name](
                     q, k, v, tensor_layout=m.layout, is_causal=m.causal)
             except Exception as e:  # a variant refusing the GPU or the shape: recorded, not fatal
                 notes.setdefault(name, f"{type(e).__name__}: {e}".splitlines()[0])

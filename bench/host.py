@@ -10,30 +10,35 @@ for `sageattn`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import pstats
 import sys
+from unittest import mock
 
 import torch
 
 import sageattention as sa
 from bench.models import back_to_back_ms, name_list
-from bench.workloads import MODELS, inputs, sdpa_call
-from sageattention import core, fallback, ops
+from bench.workloads import MODELS, inputs, model_sdpa
+from sageattention import fallback, ops
+
+
+# The calls a `sageattn` call ends in (core reaches each through its module's attribute).
+ROUTES = ((fallback, "sdpa"), (ops, "run_compiled_attention"), (ops, "run_attention"))
 
 
 def routed_kernel(q, k, v, layout: str, causal: bool):
-    """The call `sageattn` ends in for these inputs, with everything before it done once."""
-    backend, detail = core._sageattn(q, k, v, layout, causal, None, False, {}, explain=True)
-    scale = q.shape[-1] ** -0.5
-    if backend == "sdpa":
-        return backend, lambda: fallback.sdpa(q, k, v, layout, causal, 0, scale)
-    if backend == "compiled":
-        args = (q, k, v, layout == "NHD", causal, 0, scale, detail, core.GRAN_CODE[core.SAGEATTN_GRAN_COMPILED],
-                core.compiled_accum(core.sageattn_plan(torch.cuda.get_device_capability())), True, False, False)
-        return f"compiled {detail}", lambda: ops.run_compiled_attention(*args)
-    return backend, None
+    """(route, call): the call that one `sageattn` call ends in, recorded with its arguments, to time it alone."""
+    seen = []
+    with contextlib.ExitStack() as stack:
+        for owner, name in ROUTES:
+            real = getattr(owner, name)
+            stack.enter_context(mock.patch.object(owner, name, lambda *a, real=real: seen.append((real, a)) or real(*a)))
+        sa.sageattn(q, k, v, tensor_layout=layout, is_causal=causal)
+    (real, args), = seen
+    return sa.explain(q, k, v, tensor_layout=layout, is_causal=causal), lambda: real(*args)
 
 
 def main(argv=None) -> int:
@@ -47,16 +52,14 @@ def main(argv=None) -> int:
     for key in args.models:
         m = MODELS[key]
         q, k, v = inputs(m)
-        gqa = dict(enable_gqa=True) if m.hk != m.hq else {}
-        backend, kernel = routed_kernel(q, k, v, m.layout, m.causal)
+        route, kernel = routed_kernel(q, k, v, m.layout, m.causal)
         stages = {
-            "sdpa (as a model calls it)": sdpa_call(None, q, k, v, m.layout, is_causal=m.causal, **gqa),
+            "sdpa (as a model calls it)": model_sdpa(m, q, k, v),
             "sageattn": lambda: sa.sageattn(q, k, v, tensor_layout=m.layout, is_causal=m.causal),
             "checks and routing (explain)": lambda: sa.explain(q, k, v, tensor_layout=m.layout, is_causal=m.causal),
+            "the routed call alone": kernel,
         }
-        if kernel is not None:
-            stages[f"{backend} call alone"] = kernel
-        print(f"\n{m.label} ({m.shape()}): sageattn runs {backend}")
+        print(f"\n{m.label} ({m.shape()}): sageattn runs {route}")
         for name, fn in stages.items():
             print(f"  {name:40s} {back_to_back_ms(fn, args.calls) * 1e3:8.1f} µs/call")
         prof = cProfile.Profile()

@@ -52,6 +52,8 @@ MODELS = {m.key: m for m in (
 
 # "sdpa": the backend PyTorch picks, as a model calling SDPA gets it
 SDPA_BACKENDS = {"sdpa": None, "sdpa flash": SDPBackend.FLASH_ATTENTION, "sdpa cudnn": SDPBackend.CUDNN_ATTENTION}
+
+
 def sageattn_on_triton(q, k, v, tensor_layout="HND", is_causal=False, sm_scale=None, return_lse=False, **kwargs):
     """sageattn on the Triton kernels whatever the GPU (on Hopper: what sageattn ran before the sm90 kernel),
     without the small-problem SDPA fallback."""
@@ -87,6 +89,12 @@ def sdpa_call(backend: SDPBackend | None, q, k, v, layout="HND", **kwargs):
     return run
 
 
+def model_sdpa(m: Model, q, k, v, backend: SDPBackend | None = None):
+    """`sdpa_call` on m's inputs (its layout, causal mask and GQA)."""
+    gqa = {"enable_gqa": True} if m.hk != m.hq else {}
+    return sdpa_call(backend, q, k, v, m.layout, is_causal=m.causal, **gqa)
+
+
 def pinned(call):
     """The context a method's calls are timed in: an SDPA call's backend pin, entered once around all the calls.
     Entered per call, `sdpa_kernel` would add 15-30 µs of host time that a model calling SDPA does not pay."""
@@ -112,9 +120,7 @@ def inputs(m: Model, device="cuda", structured=False):
 
 def methods(m: Model, q, k, v) -> dict:
     """Every method of METHODS as a no-argument call on these inputs, as a model would make it."""
-    gqa = {"enable_gqa": True} if m.hk != m.hq else {}
-    calls = {name: sdpa_call(backend, q, k, v, m.layout, is_causal=m.causal, **gqa)
-             for name, backend in SDPA_BACKENDS.items()}
+    calls = {name: model_sdpa(m, q, k, v, backend) for name, backend in SDPA_BACKENDS.items()}
     for name, fn in SAGE_FUNCTIONS.items():
         calls[name] = lambda fn=fn: fn(q, k, v, tensor_layout=m.layout, is_causal=m.causal)
     return calls

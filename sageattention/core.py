@@ -108,7 +108,7 @@ def _setup(fn_name, device, cap, shape, is_causal, causal_offset, masked, qk_qua
                         pv_accum_dtype=pv_accum_dtype, accum_choices=accum_choices, smooth_k=smooth_k,
                         smooth_v=smooth_v)
     inputs.check_dropout(dropout_p)
-    dispatch.check_supported(device, needs_fp8=plan.pv_fp8, only=only_archs, cap=cap)
+    dispatch.check_supported(device, needs_fp8=plan.pv_fp8, only=only_archs)
     b, hq, nq, nk, d = shape
     backend, detail = _route(fn_name, device, cap, plan, b=b, hq=hq, nq=nq, nk=nk, d=d, is_causal=is_causal,
                              causal_offset=causal_offset, masked=masked, return_lse=return_lse, kernels=kernels)
@@ -139,7 +139,8 @@ def _attention(fn_name, q, k, v, *, tensor_layout, is_causal, sm_scale, qk_quant
     args = (fn_name, device, dispatch.capability(device), (b, hq, nq, nk, q.shape[-1]), is_causal, causal_offset,
             mask is not None, qk_quant_gran, pv_fp8, pv_accum_dtype, accum_choices, smooth_k, smooth_v,
             bool(return_lse), dropout_p, kernels, only_archs, fallback.is_enabled())
-    if torch.compiler.is_compiling():
+    compiling = torch.compiler.is_compiling()
+    if compiling:
         plan, backend, detail = _setup(*args)
     else:
         try:
@@ -148,7 +149,7 @@ def _attention(fn_name, q, k, v, *, tensor_layout, is_causal, sm_scale, qk_quant
             plan, backend, detail = _setup(*args)
     if explain:
         return backend, detail
-    if not torch.compiler.is_compiling() and _log.isEnabledFor(logging.DEBUG):  # dynamo cannot trace loggers
+    if not compiling and _log.isEnabledFor(logging.DEBUG):  # dynamo cannot trace loggers
         _log.debug("%s: %s (%s)", fn_name, backend, detail)
     if backend == "sdpa":
         return fallback.sdpa(q, k, v, tensor_layout, is_causal, causal_offset, scale)

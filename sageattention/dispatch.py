@@ -39,11 +39,9 @@ def _cuda_capability(index: int):
     return torch.cuda.get_device_capability(index)
 
 
-def check_supported(device: torch.device, needs_fp8: bool = False, only=None, cap=False):
-    """Raise a clear error if the GPU cannot run the requested kernels; returns its capability. cap: the device's
-    capability where the caller has it already."""
-    if cap is False:
-        cap = capability(device)
+def check_supported(device: torch.device, needs_fp8: bool = False, only=None):
+    """Raise a clear error if the GPU cannot run the requested kernels; returns its capability."""
+    cap = capability(device)
     if cap is None:
         return None
     allowed = SUPPORTED if only is None else set(only)

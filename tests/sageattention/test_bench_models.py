@@ -240,3 +240,22 @@ def test_sdpa_methods_are_pinned_once_around_their_calls_not_per_call(monkeypatc
     monkeypatch.setattr(workloads, "sdpa", lambda q, k, v, **kw: q)
     for name in workloads.SDPA_BACKENDS:
         calls[name]()
+
+
+@pytest.mark.parametrize("fallback_on, route", [(True, "sdpa"), (False, "triton")])
+def test_host_bench_replays_the_call_sageattn_ends_in(fallback_on, route):
+    import sageattention
+    from bench import host
+    from sageattention import fallback
+    from tests.sageattention.helpers import make_qkv
+
+    q, k, v = make_qkv(hq=2, nq=40, nk=50, d=64, layout="NHD")
+    fallback.set_sdpa_fallback(fallback_on)
+    try:
+        got_route, call = host.routed_kernel(q, k, v, "NHD", True)
+        want = sageattention.sageattn(q, k, v, tensor_layout="NHD", is_causal=True)
+    finally:
+        fallback.set_sdpa_fallback(False)  # tests/sageattention/conftest.py's setting
+    replayed = call()
+    assert got_route.startswith(route)
+    assert torch.equal(replayed[0] if isinstance(replayed, tuple) else replayed, want)

@@ -23,7 +23,7 @@ def gpu(monkeypatch):
     """Pretend to be a GPU of capability `cap` whose build holds the compiled families in `built`."""
     def make(cap, built=("sm80", "sm89")):
         monkeypatch.setattr(dispatch, "capability", lambda device: cap)
-        monkeypatch.setattr(dispatch, "check_supported", lambda device, needs_fp8=False, only=None, cap=None: cap)
+        monkeypatch.setattr(dispatch, "check_supported", lambda device, needs_fp8=False, only=None: cap)
 
         def family(cap_, pv_fp8, device):
             want = dispatch.family_for(cap_, pv_fp8)
