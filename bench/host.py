@@ -2,10 +2,12 @@
 
     python -m bench.host [--models sdxl-cross,small] [--calls 2000]
 
-For each model shape, microseconds per call in a back-to-back loop (the GPU catches up at the end; short calls are
-host-bound, so this is the host's time): SDPA as a model calls it, `sageattn`, its checks and routing alone
-(`explain`), and the kernel call it routes to alone (SDPA fallback or the compiled op); then cProfile's top entries
-for `sageattn`.
+For each model shape and stage (SDPA as a model calls it, `sageattn`, its checks and routing alone (`explain`), and
+the kernel call it routes to alone: SDPA fallback or the compiled op), microseconds per call three ways:
+- back to back: a loop, the GPU caught up at its end (what a model that only calls attention feels);
+- host: the same loop timed before the GPU catches up (short enough not to fill the launch queue);
+- GPU: the kernels' own time per call (torch.profiler), kernel by kernel for sageattn.
+A call whose back-to-back time is its host time is host-bound. Then cProfile's top entries for `sageattn`.
 """
 from __future__ import annotations
 
@@ -14,10 +16,14 @@ import contextlib
 import cProfile
 import io
 import pstats
+import statistics
 import sys
+import time
 from unittest import mock
 
 import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
 
 import sageattention as sa
 from bench.models import back_to_back_ms, name_list
@@ -41,6 +47,46 @@ def routed_kernel(q, k, v, layout: str, causal: bool):
     return sa.explain(q, k, v, tensor_layout=layout, is_causal=causal), lambda: real(*args)
 
 
+def host_us(fn, calls: int = 100, repeats: int = 5) -> float:
+    """Host time per call: `calls` calls (about 3 launches each stay within the launch queue) timed without waiting;
+    the median of `repeats` loops."""
+    fn()
+    per_call = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        per_call.append((time.perf_counter() - start) * 1e6 / calls)
+    torch.cuda.synchronize()
+    return statistics.median(per_call)
+
+
+def profiled(fn, calls: int = 50):
+    """torch.profiler's averages over `calls` calls: aten ops, CUDA runtime calls (host) and kernels (GPU)."""
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    return prof.key_averages()
+
+
+def per_call(events, on_gpu: bool, calls: int = 50) -> dict:
+    """{name: µs per call}: the kernels' GPU time (on_gpu), or the host time of the ops and CUDA runtime calls."""
+    if on_gpu:  # kernels only: an op that launched a kernel carries that kernel's time too
+        return {e.key: e.self_device_time_total / calls for e in events
+                if e.device_type == DeviceType.CUDA and e.self_device_time_total > 0}
+    return {e.key: e.self_cpu_time_total / calls for e in events if e.self_cpu_time_total > 0}
+
+
+def print_top(title: str, times: dict, n: int = 12) -> None:
+    print(f"    {title}:")
+    for name, us in sorted(times.items(), key=lambda kv: -kv[1])[:n]:
+        print(f"      {us:8.2f}  {name[:90]}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.host", description=__doc__.splitlines()[0])
     ap.add_argument("--models", type=name_list(MODELS), default=["sdxl-cross", "small"])
@@ -60,8 +106,15 @@ def main(argv=None) -> int:
             "the routed call alone": kernel,
         }
         print(f"\n{m.label} ({m.shape()}): sageattn runs {route}")
+        print(f"  {'µs per call':40s} {'back to back':>12s} {'host':>8s} {'GPU':>8s}")
         for name, fn in stages.items():
-            print(f"  {name:40s} {back_to_back_ms(fn, args.calls) * 1e3:8.1f} µs/call")
+            events = profiled(fn)
+            kernels = per_call(events, on_gpu=True)
+            print(f"  {name:40s} {back_to_back_ms(fn, args.calls) * 1e3:12.1f} {host_us(fn):8.1f} "
+                  f"{sum(kernels.values()):8.1f}")
+            if name == "the routed call alone":  # under the profiler, which adds its own time to each entry
+                print_top("GPU µs per call by kernel", kernels)
+                print_top("host µs per call by op and CUDA runtime call", per_call(events, on_gpu=False))
         prof = cProfile.Profile()
         prof.enable()
         for _ in range(args.calls):

@@ -6,7 +6,8 @@
 
 Shapes and methods: bench/workloads.py. One process times every method on the same inputs:
 - TOPS: 4·B·Hq·Nq·Nk·D / t (halved for causal), t the median of CUDA-event timings with L2 flushed (do_bench).
-- ms/call: wall clock over back-to-back calls after warm-up, one synchronize at the end; shows host overhead.
+- ms/call: wall clock over back-to-back calls after warm-up, one synchronize at the end of each loop, the median of
+  5 loops; shows host overhead.
 - --first-call: for each model and method a fresh process (bench.first_call) times its first call up to
   synchronize, and `import torch` / `import sageattention` apart.
 - --spread N: N separate processes time every method again; (max/min − 1) of their medians, in %.
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -42,15 +44,20 @@ TABLES = {  # row key -> (title, number format)
 }
 
 
-def back_to_back_ms(fn, calls: int) -> float:
+def back_to_back_ms(fn, calls: int, repeats: int = 5) -> float:
+    """ms per call of `calls` calls back to back (the GPU caught up at the loop's end): the median of `repeats`
+    loops, so that one hiccup of the host does not move it."""
+    per_call = []
     with pinned(fn):
         fn()
         torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    return (time.perf_counter() - start) * 1e3 / calls
+        for _ in range(repeats):
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+            per_call.append((time.perf_counter() - start) * 1e3 / calls)
+    return statistics.median(per_call)
 
 
 def measure(m: Model, names, calls: int, notes: dict) -> dict:
@@ -67,8 +74,9 @@ def measure(m: Model, names, calls: int, notes: dict) -> dict:
         row["median_ms"][name] = None if ms is None else round(ms, 4)
         row["tops"][name] = None if ms is None else round(m.tops(ms), 1)
         if calls and ms is not None:
-            # At most about 1 s of GPU work: long calls are GPU-bound, and host overhead only shows on short ones.
-            loop = back_to_back_ms(fns[name], min(calls, max(10, int(1e3 / ms))))
+            # About 0.2 s of GPU work per loop at most: long calls are GPU-bound, and host overhead only shows on
+            # short ones.
+            loop = back_to_back_ms(fns[name], min(calls, max(10, int(200 / ms))))
             row.setdefault("ms_per_call", {})[name] = round(loop, 4)
     return row
 
@@ -196,7 +204,8 @@ def add_selection(ap: argparse.ArgumentParser, methods) -> None:
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench.models", description=__doc__.splitlines()[0])
     add_selection(ap, METHODS)
-    ap.add_argument("--calls", type=int, default=200, help="back-to-back calls per method (fewer past 1 s of GPU work)")
+    ap.add_argument("--calls", type=int, default=500,
+                    help="back-to-back calls per loop, median of 5 loops (fewer past 0.2 s of GPU work per loop)")
     ap.add_argument("--first-call", action="store_true", help="first call of each shape and method in a fresh process")
     ap.add_argument("--fresh-cache", action="store_true", help="--first-call with an empty Triton cache per process")
     ap.add_argument("--spread", type=int, default=0, metavar="N", help="spread of the medians over N processes (≥ 2)")

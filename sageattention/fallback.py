@@ -18,7 +18,10 @@ import torch
 from .inputs import to_hnd
 
 MIN_KEYS = 128  # fewer keys than one quantization block of K
-MIN_MACS = 1 << 27  # B * Hq * Nq * Nk * D below this: a few microseconds of tensor-core work
+# B * Hq * Nq * Nk * D below this: the quantized path's fixed GPU cost (two preparation launches, ~12 µs on an H100)
+# is about what SDPA needs for the whole call (B1 H16 N1k d64 = 2**30: 30 µs of GPU time against cuDNN's 13,
+# docs/benchmarks.md, session 16)
+MIN_MACS = 1 << 31
 
 _enabled = os.environ.get("SAGEATTN_SDPA_FALLBACK", "1").strip() != "0"
 
@@ -42,7 +45,7 @@ def sdpa_reason(b: int, hq: int, nq: int, nk: int, d: int, *, is_causal: bool, c
     if nk < MIN_KEYS:
         return f"{nk} keys (fewer than {MIN_KEYS}): quantizing K and V cannot pay off"
     if b * hq * nq * nk * d < MIN_MACS:
-        return f"{b * hq * nq * nk * d} multiply-adds (fewer than 2**27): too small to pay for quantization"
+        return f"{b * hq * nq * nk * d} multiply-adds (fewer than 2**31): too small to pay for quantization"
     return None
 
 

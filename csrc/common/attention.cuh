@@ -263,24 +263,35 @@ __device__ __forceinline__ float online_max(float mx, float& m, float& alpha) {
 // One online-softmax step for a lane's two rows (g and g + 8) over J 8-key slices of a tile, the 4 lanes of a quad
 // holding a row between them: x (scores in log2 units) becomes P = exp2(x - max) (times 448 where kStretch); m and
 // l are the rows' running max and sum (of P as stretched); alpha as online_max.
-template <int J, bool kStretch = false>
+// kChains > 1 runs the row max and sum in that many independent partial results per row, combined at the end, instead
+// of one running value that makes every max and add wait on the one before (sm90 at head_dim 64: 3-5 % faster; at
+// 128 4 % slower, its MIO and math-pipe stalls up, not yet understood: docs/benchmarks.md, session 16).
+template <int J, bool kStretch = false, int kChains = 1>
 __device__ __forceinline__ void softmax_step(float (&x)[J][4], float (&m)[2], float (&l)[2], float (&alpha)[2]) {
-  float mx[2] = {-INFINITY, -INFINITY};
+  static_assert(J % kChains == 0, "whole chains");
+  float mx[2][kChains], sum[2][kChains];
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int c = 0; c < kChains; ++c) mx[i][c] = -INFINITY, sum[i][c] = 0.f;
 #pragma unroll
   for (int j = 0; j < J; ++j)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) mx[e / 2] = fmaxf(mx[e / 2], x[j][e]);
+    for (int e = 0; e < 4; ++e) mx[e / 2][j % kChains] = fmaxf(mx[e / 2][j % kChains], x[j][e]);
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    const float shift = online_max<kStretch>(mx[i], m[i], alpha[i]);
-    float sum = 0.f;
+#pragma unroll
+    for (int c = 1; c < kChains; ++c) mx[i][0] = fmaxf(mx[i][0], mx[i][c]);
+    const float shift = online_max<kStretch>(mx[i][0], m[i], alpha[i]);
 #pragma unroll
     for (int j = 0; j < J; ++j) {
       x[j][2 * i] = exp2_approx(x[j][2 * i] - shift);
       x[j][2 * i + 1] = exp2_approx(x[j][2 * i + 1] - shift);
-      sum += x[j][2 * i] + x[j][2 * i + 1];
+      sum[i][j % kChains] += x[j][2 * i] + x[j][2 * i + 1];
     }
-    l[i] = l[i] * alpha[i] + sum;
+#pragma unroll
+    for (int c = 1; c < kChains; ++c) sum[i][0] += sum[i][c];
+    l[i] = l[i] * alpha[i] + sum[i][0];
   }
 }
 

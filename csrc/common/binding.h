@@ -113,11 +113,17 @@ inline Workspace prepare(const Views& x, int q_gran, int k_gran, int v_mode, boo
   return w;
 }
 
-// Call under a device guard for q's device.
+// Call under a device guard for q's device. The answer is kept per device: asking the runtime costs microseconds,
+// which a small call feels. Calls hold the GIL, so the table is not written concurrently.
 inline void check_device() {
-  if (sage::module_runs_on_current_device()) return;
+  static bool runs[64] = {};  // devices known to run this module's kernels
   int device = 0, major = 0, minor = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
+  if (device < 64 && runs[device]) return;
+  if (sage::module_runs_on_current_device()) {
+    if (device < 64) runs[device] = true;
+    return;
+  }
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
   TORCH_CHECK(false, "this sageattention module has no kernels for this GPU (sm_", str(major), str(minor),

@@ -201,7 +201,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int e = 0; e < 4; ++e) x[j][e] = static_cast<float>(sc[4 * j + e]) * (qs[e / 2] * ks[j / 8]);
       if (needs_mask) mask_scores<16>(x, key0, t, row0 + wrow, p);
-      softmax_step<16, true>(x, m, l, alpha);
+      softmax_step<16, true, D == 64 ? 4 : 1>(x, m, l, alpha);
 
       if (tile > 0) {  // tile 0: o is still zero
         finish_pv(prev);

@@ -205,7 +205,9 @@ def test_sdpa_reason_thresholds():
     fallback.set_sdpa_fallback(True)
     try:
         assert fallback.sdpa_reason(1, 16, 1024, 127, 64, **kw)
-        assert fallback.sdpa_reason(1, 16, 1024, 128, 64, **kw) is None  # B1 H16 N1k d64 runs the kernels
+        assert fallback.sdpa_reason(1, 16, 1024, 1024, 64, **kw)  # B1 H16 N1k d64 (2**30 multiply-adds): SDPA
+        assert fallback.sdpa_reason(1, 16, 1023, 2048, 64, **kw)
+        assert fallback.sdpa_reason(1, 16, 1024, 2048, 64, **kw) is None  # 2**31: the kernels
         assert fallback.sdpa_reason(1, 1, 128, 128, 64, **kw)
         causal = dict(kw, is_causal=True)
         assert fallback.sdpa_reason(1, 16, 77, 77, 64, **causal)
