@@ -16,9 +16,7 @@ import contextlib
 import cProfile
 import io
 import pstats
-import statistics
 import sys
-import time
 from unittest import mock
 
 import torch
@@ -47,38 +45,20 @@ def routed_kernel(q, k, v, layout: str, causal: bool):
     return sa.explain(q, k, v, tensor_layout=layout, is_causal=causal), lambda: real(*args)
 
 
-def host_us(fn, calls: int = 100, repeats: int = 5) -> float:
-    """Host time per call: `calls` calls (about 3 launches each stay within the launch queue) timed without waiting;
-    the median of `repeats` loops."""
-    fn()
-    per_call = []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        per_call.append((time.perf_counter() - start) * 1e6 / calls)
-    torch.cuda.synchronize()
-    return statistics.median(per_call)
-
-
-def profiled(fn, calls: int = 50):
-    """torch.profiler's averages over `calls` calls: aten ops, CUDA runtime calls (host) and kernels (GPU)."""
+def profiled(fn, calls: int = 50) -> tuple[dict, dict]:
+    """torch.profiler over `calls` calls: ({kernel: GPU µs per call}, {ATen op or CUDA runtime call: host µs per
+    call})."""
     fn()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):
             fn()
         torch.cuda.synchronize()
-    return prof.key_averages()
-
-
-def per_call(events, on_gpu: bool, calls: int = 50) -> dict:
-    """{name: µs per call}: the kernels' GPU time (on_gpu), or the host time of the ops and CUDA runtime calls."""
-    if on_gpu:  # kernels only: an op that launched a kernel carries that kernel's time too
-        return {e.key: e.self_device_time_total / calls for e in events
-                if e.device_type == DeviceType.CUDA and e.self_device_time_total > 0}
-    return {e.key: e.self_cpu_time_total / calls for e in events if e.self_cpu_time_total > 0}
+    events = prof.key_averages()
+    # kernels only on the GPU side: an op that launched a kernel carries that kernel's time too
+    kernels = {e.key: e.self_device_time_total / calls for e in events
+               if e.device_type == DeviceType.CUDA and e.self_device_time_total > 0}
+    return kernels, {e.key: e.self_cpu_time_total / calls for e in events if e.self_cpu_time_total > 0}
 
 
 def print_top(title: str, times: dict, n: int = 12) -> None:
@@ -108,13 +88,13 @@ def main(argv=None) -> int:
         print(f"\n{m.label} ({m.shape()}): sageattn runs {route}")
         print(f"  {'µs per call':40s} {'back to back':>12s} {'host':>8s} {'GPU':>8s}")
         for name, fn in stages.items():
-            events = profiled(fn)
-            kernels = per_call(events, on_gpu=True)
-            print(f"  {name:40s} {back_to_back_ms(fn, args.calls) * 1e3:12.1f} {host_us(fn):8.1f} "
-                  f"{sum(kernels.values()):8.1f}")
+            kernels, host = profiled(fn)
+            # host alone: 100 calls of about 3 launches each stay within the launch queue
+            print(f"  {name:40s} {back_to_back_ms(fn, args.calls) * 1e3:12.1f} "
+                  f"{back_to_back_ms(fn, 100, wait=False) * 1e3:8.1f} {sum(kernels.values()):8.1f}")
             if name == "the routed call alone":  # under the profiler, which adds its own time to each entry
                 print_top("GPU µs per call by kernel", kernels)
-                print_top("host µs per call by op and CUDA runtime call", per_call(events, on_gpu=False))
+                print_top("host µs per call by op and CUDA runtime call", host)
         prof = cProfile.Profile()
         prof.enable()
         for _ in range(args.calls):

@@ -44,19 +44,22 @@ TABLES = {  # row key -> (title, number format)
 }
 
 
-def back_to_back_ms(fn, calls: int, repeats: int = 5) -> float:
-    """ms per call of `calls` calls back to back (the GPU caught up at the loop's end): the median of `repeats`
-    loops, so that one hiccup of the host does not move it."""
+def back_to_back_ms(fn, calls: int, repeats: int = 5, wait: bool = True) -> float:
+    """ms per call of `calls` calls back to back: the median of `repeats` loops, so that one hiccup of the host does
+    not move it. wait: each loop's time includes the GPU catching up at its end; else it stops before, which is the
+    host's time alone (for loops short enough not to fill the launch queue)."""
     per_call = []
     with pinned(fn):
         fn()
-        torch.cuda.synchronize()
         for _ in range(repeats):
+            torch.cuda.synchronize()
             start = time.perf_counter()
             for _ in range(calls):
                 fn()
-            torch.cuda.synchronize()
+            if wait:
+                torch.cuda.synchronize()
             per_call.append((time.perf_counter() - start) * 1e3 / calls)
+        torch.cuda.synchronize()
     return statistics.median(per_call)
 
 

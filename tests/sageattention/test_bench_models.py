@@ -260,3 +260,13 @@ def test_host_bench_replays_the_call_sageattn_ends_in(fallback_on, route):
     replayed = call()
     assert got_route.startswith(route)
     assert torch.equal(replayed[0] if isinstance(replayed, tuple) else replayed, want)
+
+
+@pytest.mark.parametrize("wait, syncs", [(True, 5 + 5 + 1), (False, 5 + 1)])
+def test_back_to_back_waits_for_the_gpu_only_when_asked(monkeypatch, wait, syncs):
+    """wait=False times the host alone: no loop waits for the GPU before its time is read."""
+    events = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: events.append("sync"))
+    ms = models.back_to_back_ms(lambda: events.append("call"), calls=3, wait=wait)
+    assert ms >= 0 and events.count("call") == 1 + 5 * 3 and events.count("sync") == syncs
+    assert (("call", "sync", "sync") in zip(events, events[1:], events[2:])) == wait  # a loop's end waits
