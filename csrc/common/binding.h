@@ -71,8 +71,9 @@ struct Workspace {
   torch::Tensor buffer;
 };
 
-inline Workspace prepare(const Views& x, int q_gran, int k_gran, int v_mode, bool smooth_k, bool smooth_v,
-                         float v_fp8_max, cudaStream_t stream) {
+// quantize_q false: Q is left to the attention kernel (q_i8 and q_scale get no space and stay nullptr).
+inline Workspace prepare(const Views& x, bool quantize_q, int q_gran, int k_gran, int v_mode, bool smooth_k,
+                         bool smooth_v, float v_fp8_max, cudaStream_t stream) {
   TORCH_CHECK(q_gran >= 0 && q_gran <= 2 && k_gran >= 0 && k_gran <= 2, "granularity must be 0, 1 or 2");
   Workspace w;
   sage::PrepareParams& p = w.p;
@@ -91,7 +92,8 @@ inline Workspace prepare(const Views& x, int q_gran, int k_gran, int v_mode, boo
   const int64_t bq = x.batch * x.hq, bk = x.batch * x.hk;
   const int64_t v_bytes = v_mode == sage::kVFp8 ? bk * p.d_pad * p.nk_pad
                           : v_mode == sage::kV16 ? bk * p.nk_pad * p.d_pad * 2 : 0;
-  const int64_t sizes[9] = {bq * p.nq_pad * p.d_pad, bq * p.nq_pad * 4, bk * p.nk_pad * p.d_pad, bk * p.nk_pad * 4,
+  const int64_t q_rows = quantize_q ? bq * p.nq_pad : 0;
+  const int64_t sizes[9] = {q_rows * p.d_pad, q_rows * 4, bk * p.nk_pad * p.d_pad, bk * p.nk_pad * 4,
                             bk * p.d_pad * 4, v_bytes, bk * p.d_pad * 4, bk * p.d_pad * 4,
                             bk * p.n_chunks * 4 * p.d_pad * 4};
   int64_t total = 0;
@@ -102,7 +104,8 @@ inline Workspace prepare(const Views& x, int q_gran, int k_gran, int v_mode, boo
   w.buffer = torch::empty({total}, x.q.options().dtype(at::kByte));
   uint8_t* base = w.buffer.data_ptr<uint8_t>();
   auto at = [&](int i) { return base + w.parts[i].first; };
-  p.q_i8 = reinterpret_cast<int8_t*>(at(0)), p.q_scale = reinterpret_cast<float*>(at(1));
+  p.q_i8 = q_rows ? reinterpret_cast<int8_t*>(at(0)) : nullptr;
+  p.q_scale = q_rows ? reinterpret_cast<float*>(at(1)) : nullptr;
   p.k_i8 = reinterpret_cast<int8_t*>(at(2)), p.k_scale = reinterpret_cast<float*>(at(3));
   p.k_mean = reinterpret_cast<float*>(at(4)), p.v_out = v_bytes ? at(5) : nullptr;
   p.v_scale = v_mode == sage::kVFp8 ? reinterpret_cast<float*>(at(6)) : nullptr;
@@ -130,9 +133,24 @@ inline void check_device() {
               "); rebuild with its arch in TORCH_CUDA_ARCH_LIST");
 }
 
+// Q as the sm90 kernel's copy engine reads it: rows and strides 16-byte aligned (a stride of a size-1 dimension is
+// never used), else a contiguous copy with head_dim padded to a multiple of 8 by zeros.
+inline torch::Tensor copy_engine_readable(const torch::Tensor& t) {
+  bool ok = reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+  for (int i = 0; i < 3; ++i) ok = ok && (t.size(i) == 1 || (t.stride(i) > 0 && t.stride(i) % 8 == 0));
+  if (ok) return t;
+  return at::constant_pad_nd(t, {0, round_up(t.size(3), 8) - t.size(3)}).contiguous();
+}
+
+inline sage::Strided strided_for_copy_engine(const torch::Tensor& t) {
+  auto stride = [&](int i) { return t.size(i) == 1 ? int64_t{8} : t.stride(i); };
+  return {t.data_ptr(), stride(0), stride(1), stride(2)};
+}
+
 // The fused op: quantize, attend, return (out in the caller's layout, lse [B, Hq, Nq] fp32 or an empty tensor).
-// kPvFp8: this module's P·V (FP8 for the sm89 family, V's 16-bit dtype for sm80).
-template <bool kPvFp8>
+// kPvFp8: this module's P·V (FP8 for the sm89 family, V's 16-bit dtype for sm80). kKernelQuantizesQ: the attention
+// kernel quantizes Q itself from the caller's tensor (sm90), so prepare() leaves Q alone.
+template <bool kPvFp8, bool kKernelQuantizesQ>
 std::vector<torch::Tensor> attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, bool nhd,
                                      bool causal, int64_t causal_offset, double sm_scale, int64_t q_gran,
                                      int64_t k_gran, int64_t pv_accum, bool smooth_k, bool smooth_v,
@@ -151,15 +169,18 @@ std::vector<torch::Tensor> attention(const torch::Tensor& q, const torch::Tensor
                      : (smooth_v || !readable_in_place(x.v, x.d, d_pad)) ? sage::kV16 : sage::kVNone;
   // an fp16 accumulator over 64 keys of p * 448 * v stays finite for |v| <= 2.25
   const float v_max = kPvFp8 && accum == sage::kAccF16Inner ? 2.25f : 448.f;
-  const Workspace w = prepare(x, static_cast<int>(q_gran), static_cast<int>(k_gran), v_mode, smooth_k, smooth_v,
-                              v_max, stream);
+  const Workspace w = prepare(x, !kKernelQuantizesQ, static_cast<int>(q_gran), static_cast<int>(k_gran), v_mode,
+                              smooth_k, smooth_v, v_max, stream);
   const sage::PrepareParams& p = w.p;
+  const torch::Tensor q16 = kKernelQuantizesQ ? copy_engine_readable(x.q) : torch::Tensor();
   torch::Tensor out = torch::empty(q.sizes(), q.options());
   const torch::Tensor out_hnd = nhd ? out.transpose(1, 2) : out;
   const auto f32 = q.options().dtype(at::kFloat);
   torch::Tensor lse = return_lse ? torch::empty({x.batch, x.hq, x.nq}, f32) : torch::empty({0}, f32);
   sage::AttentionParams a{};
   a.q_i8 = p.q_i8, a.q_scale = p.q_scale, a.k_i8 = p.k_i8, a.k_scale = p.k_scale;
+  if (kKernelQuantizesQ) a.q16 = strided_for_copy_engine(q16);
+  a.q_gran = static_cast<int>(q_gran);
   if (v_mode == sage::kVNone) a.v = strided(x.v);
   else a.v = {p.v_out, x.hk * p.nk_pad * d_pad, p.nk_pad * d_pad, d_pad};  // (fp8 V^T: only .ptr is read)
   a.v_scale = p.v_scale, a.v_max = v_max, a.v_mean = p.v_mean;
@@ -190,7 +211,7 @@ inline std::vector<torch::Tensor> quantize(const torch::Tensor& q, const torch::
   TORCH_CHECK(v_mode >= sage::kVNone && v_mode <= sage::kV16, "v_mode must be 0, 1 or 2");
   const c10::cuda::CUDAGuard guard(q.device());
   check_device();
-  const Workspace w = prepare(x, static_cast<int>(q_gran), static_cast<int>(k_gran), static_cast<int>(v_mode),
+  const Workspace w = prepare(x, true, static_cast<int>(q_gran), static_cast<int>(k_gran), static_cast<int>(v_mode),
                               smooth_k, smooth_v, static_cast<float>(v_fp8_max), c10::cuda::getCurrentCUDAStream());
   const sage::PrepareParams& p = w.p;
   const int64_t dp = p.d_pad;
@@ -207,10 +228,10 @@ inline std::vector<torch::Tensor> quantize(const torch::Tensor& q, const torch::
           smooth_v ? part(7, at::kFloat, {x.batch, x.hk, dp}) : torch::Tensor()};
 }
 
-template <bool kPvFp8>
+template <bool kPvFp8, bool kKernelQuantizesQ = false>
 void define_module(pybind11::module_& m, const char* doc) {
   m.doc() = doc;
-  m.def("attention", &attention<kPvFp8>, "quantize q, k, v and attend; returns [out, lse]");
+  m.def("attention", &attention<kPvFp8, kKernelQuantizesQ>, "quantize q, k, v and attend; returns [out, lse]");
   m.def("quantize", &quantize, "the quantized intermediates, for tests");
   m.def("runs_on_current_device", &sage::module_runs_on_current_device,
         "whether this module holds device code the current CUDA device runs");

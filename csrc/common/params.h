@@ -1,6 +1,7 @@
 // Host-side interface of sageattention's compiled kernels: plain structs of pointers, strides and sizes, no torch.
 // Layouts (all intermediates contiguous, written by prepare(), read by the attention kernels):
-//   q_i8    [B, Hq, nq_pad, d_pad] int8     q_scale [B, Hq, nq_pad] fp32 (one per row; rows of a group share it)
+//   q_i8    [B, Hq, nq_pad, d_pad] int8     q_scale [B, Hq, nq_pad] fp32 (one per row; rows of a group share it;
+//                                           not written where the attention kernel quantizes Q: q_i8 nullptr)
 //   k_i8    [B, Hk, nk_pad, d_pad] int8     k_scale [B, Hk, nk_pad] fp32 (one per key; likewise)
 //   k_mean  [B, Hk, d_pad] fp32             (what K smoothing subtracted; zero when smooth_k is off)
 //   v_fp8   [B, Hk, d_pad, nk_pad] e4m3     V^T, keys permuted within each 32-key group (kFp8KeySlot)
@@ -51,8 +52,10 @@ struct PrepareParams {
 };
 
 struct AttentionParams {
-  const int8_t* q_i8;
+  const int8_t* q_i8;   // nullptr where the kernel quantizes Q itself (the sm90 family), from q16:
   const float* q_scale;
+  Strided q16;          // the caller's 16-bit Q, 16-byte aligned rows and strides
+  int q_gran;
   const int8_t* k_i8;
   const float* k_scale;
   Strided v;            // 16-bit V rows (caller's or v_16), or v_fp8 (contiguous [B, Hk, d_pad, nk_pad])

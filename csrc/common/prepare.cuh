@@ -1,5 +1,6 @@
 // Fused preparation of Q, K, V for the attention kernels, in two launches:
-//   1. INT8 Q (per-block/warp/thread scales), and per-chunk statistics of K and V (K sums, V max/min/sums);
+//   1. INT8 Q (per-block/warp/thread scales; unless the attention kernel quantizes Q itself), and per-chunk
+//      statistics of K and V (K sums, V max/min/sums);
 //   2. INT8 K minus its token mean, and V: FP8 e4m3 V^T (per-channel scale, optional mean, keys permuted into the
 //      order the FP8 P·V MMA reads) or a padded 16-bit copy.
 // Q, K and V are read from DRAM once by the quantizers; the statistics pass reads K and V once more.
@@ -30,6 +31,11 @@ template <typename T>
 constexpr float kMaxFinite = 65504.f;
 template <>
 constexpr float kMaxFinite<__nv_bfloat16> = 3.38953139e38f;
+// The bits of +inf in the 16-bit input type: a magnitude's bits (x & 0x7fff) at least this are inf or NaN.
+template <typename T>
+constexpr uint32_t kInfBits = 0x7c00u;
+template <>
+constexpr uint32_t kInfBits<__nv_bfloat16> = 0x7f80u;
 
 // Eight consecutive elements of row n of head (b, h) from column c0, as raw 16-bit values; columns >= d and
 // rows >= n_rows are 0.
@@ -66,9 +72,9 @@ __device__ __forceinline__ bool vectorizable(const Strided& x) {
 }
 
 __device__ __forceinline__ int8_t round_to_int8(float y) {
-  // round half away from zero, like the reference; NaN (a non-finite group) becomes 0, its scale carries the NaN
-  const float r = y >= 0.f ? truncf(y + 0.5f) : truncf(y - 0.5f);
-  return static_cast<int8_t>(__float2int_rz(r));
+  // round half away from zero, like the reference (trunc(y +- 0.5)); NaN (a non-finite group) becomes 0, its scale
+  // carries the NaN
+  return static_cast<int8_t>(__float2int_rz(y + copysignf(0.5f, y)));
 }
 
 // The scale groups of sageattention/quant_groups.py as the bits of a row index (r < R) that vary within a group:
@@ -311,10 +317,13 @@ __device__ void v_to_16bit(const PrepareParams& p, int b, int hk, int n0, const 
   }
 }
 
+// Q blocks of launch 1 (none where the attention kernel quantizes Q itself).
+__host__ __device__ inline int q_blocks(const PrepareParams& p) { return p.q_i8 == nullptr ? 0 : p.nq_pad / kQBlock; }
+
 // Launch 1: Q blocks first, then statistics chunks.
 template <typename T, int DPAD>
 __global__ void __launch_bounds__(kPrepThreads) prepare_q_and_statistics(const PrepareParams p) {
-  const int q_blocks = p.nq_pad / kQBlock;
+  const int q_blocks = sage::q_blocks(p);
   int i = blockIdx.x;
   if (i < p.batch * p.hq * q_blocks) {
     const int blk = i % q_blocks, h = (i / q_blocks) % p.hq, b = i / (q_blocks * p.hq);
@@ -361,7 +370,7 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_k_and_v(const PreparePar
 
 template <typename T, int DPAD, bool kFp8V>
 void launch_prepare(const PrepareParams& p, cudaStream_t stream) {
-  const int q_programs = p.batch * p.hq * (p.nq_pad / kQBlock);
+  const int q_programs = p.batch * p.hq * q_blocks(p);
   const int stat_programs = p.batch * p.hk * p.n_chunks;
   prepare_q_and_statistics<T, DPAD><<<q_programs + stat_programs, kPrepThreads, 0, stream>>>(p);
   const int k_programs = p.batch * p.hk * (p.nk_pad / kKBlock);

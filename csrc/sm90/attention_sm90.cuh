@@ -2,9 +2,10 @@
 // copy engine, producer/consumer warp specialization.
 //
 // A program has three warpgroups and runs work items of 128 query rows of one head: warpgroup 0 is the producer
-// (one thread issues the copies of each item's Q and of its K and V^T tiles of 128 keys into a ring of kStages
-// shared-memory stages; the warpgroup gives its registers up), warpgroups 1 and 2 are consumers of 64 rows each. Per
-// tile a consumer runs S = Q·K^T (wgmma m64n128k32 s8, both operands in shared memory), the online softmax on S in
+// (one thread issues the copies of each item's 16-bit Q and of its K and V^T tiles of 128 keys into a ring of kStages
+// shared-memory stages; the warpgroup gives its registers up), warpgroups 1 and 2 are consumers of 64 rows each. A
+// consumer first quantizes its Q rows to INT8 in shared memory (the scales stay in registers; no separate pass over
+// Q). Per tile it runs S = Q·K^T (wgmma m64n128k32 s8, both operands in shared memory), the online softmax on S in
 // registers, and O += P·V (wgmma m64nDk32 e4m3, P from registers, V^T in shared memory) overlapped with the next
 // tile's softmax, then frees the stage.
 // The accumulator layout per warp is that of mma.sync m16n8 (rows g and g + 8 of the warp's 16, columns 2t, 2t + 1
@@ -16,6 +17,7 @@
 #include <cuda_fp16.h>
 
 #include "common/attention.cuh"
+#include "common/prepare.cuh"
 #include "sm90/hopper.cuh"
 #include "sm90/wgmma_ops.cuh"
 
@@ -29,6 +31,7 @@ constexpr int kProducerRegs = 24, kConsumerRegs = 240;  // 128 * 24 + 256 * 240 
 template <int D>
 struct Layout {
   static constexpr int kStages = 3;  // tiles in flight: the one computed on, the one whose P·V runs, the next
+  static constexpr int kQ16Bytes = kRows * D * 2;  // 16-bit Q as copied, in boxes of 64 columns (128-byte rows)
   static constexpr int kQBytes = kRows * D;
   static constexpr int kKBytes = kKeys * D;
   static constexpr int kVBytes = D * kKeys;
@@ -36,9 +39,70 @@ struct Layout {
   static constexpr int kQOff = 0;
   static constexpr int kKOff = kQOff + kQBytes;
   static constexpr int kVOff = kKOff + kStages * kKBytes;
-  static constexpr int kBarOff = kVOff + kStages * kVBytes;
+  static constexpr int kQ16Off = kVOff + kStages * kVBytes;
+  static constexpr int kBarOff = kQ16Off + kQ16Bytes;
+  static constexpr int kRedOff = kBarOff + 256;  // per-block Q maxima: [item parity][8 warps]
   static constexpr int kSmem = kBarOff + 1024 + 1024;  // barriers, and slack to align the dynamic base to 1024
 };
+
+// Byte offset of (row, byte) in a tile of kRowBytes-long rows swizzled at that width (the copy engine's and the
+// wgmma descriptors' pattern: 16-byte chunk bits 4.. XOR address bits 7..).
+template <int kRowBytes>
+__device__ __forceinline__ int swizzled(int row, int byte) {
+  const int off = row * kRowBytes + byte;
+  return off ^ (((off >> 7) & (kRowBytes / 16 - 1)) << 4);
+}
+
+// INT8-quantizes this thread's Q rows `row` and row + 8 of the item (rows of the m16n8k32 A layout: bytes 4t..4t+3
+// and 16+4t..+3 of every 32) from the 16-bit copy q16 into q8 (rows of D bytes, swizzled as the Q·K^T descriptor
+// reads them) and returns their scale. The arithmetic and the scale groups (sageattention/quant_groups.py: a
+// thread's two rows, a warp's 16, the item's 128) are prepare()'s, so the INT8 values and scales are the same.
+// red is the per-block exchange of this item's parity.
+template <int D, typename T>
+__device__ __forceinline__ float quantize_q(const uint8_t* q16, uint8_t* q8, int row, int t, int gran, uint32_t* red) {
+  // piece p: 4 elements of row `row` + 8 * (p / kHalf) at column 32 * (p / 2 % (D / 32)) + 16 * (p % 2) + 4t
+  constexpr int kPieces = 4 * (D / 32), kHalf = kPieces / 2;
+  auto piece_row = [&](int p) { return row + 8 * (p / kHalf); };
+  auto piece_col = [&](int p) { return 32 * (p / 2 % (D / 32)) + 16 * (p % 2) + 4 * t; };
+  // The group's largest magnitude, as bits: 16-bit floats order like their magnitude bits, inf and NaN above all
+  // finite values (prepare()'s max in fp32 gives the same value, and NaN for a group holding inf or NaN).
+  uint2 raw[kPieces];
+  uint32_t m2 = 0;  // two 16-bit maxima
+#pragma unroll
+  for (int p = 0; p < kPieces; ++p) {
+    const int c = piece_col(p);
+    const int offset = (c / 64) * (kRows * 128) + swizzled<128>(piece_row(p), (c % 64) * 2);  // 64-column boxes
+    raw[p] = *reinterpret_cast<const uint2*>(q16 + offset);
+    m2 = __vmaxu2(__vmaxu2(m2, raw[p].x & 0x7fff7fffu), raw[p].y & 0x7fff7fffu);
+  }
+  uint32_t mbits = max(m2 & 0xffffu, m2 >> 16);
+  // a thread's group spans its quad (per thread), its warp (per warp), or both consumer warpgroups (per block)
+  const int widest = gran == kPerThread ? 2 : 16;
+  for (int off = 1; off <= widest; off *= 2) mbits = max(mbits, __shfl_xor_sync(0xffffffffu, mbits, off));
+  if (gran == kPerBlock) {
+    const int warp = row / 16;  // 0..7 over both consumer warpgroups
+    if (t == 0 && (row % 16) == 0) red[warp] = mbits;
+    named_barrier(3, 256);
+#pragma unroll
+    for (int w = 0; w < 8; ++w) mbits = max(mbits, red[w]);
+  }
+  const uint16_t top = static_cast<uint16_t>(mbits);
+  const float mx = mbits >= kInfBits<T> ? __int_as_float(0x7fffffff) : to_float(*reinterpret_cast<const T*>(&top));
+  float scale = mx / 127.f;
+  scale = scale == 0.f ? 1.f : scale < kMinScale ? kMinScale : scale;  // NaN stays NaN
+  const float inv = 1.f / scale;
+#pragma unroll
+  for (int p = 0; p < kPieces; ++p) {
+    const T* e = reinterpret_cast<const T*>(&raw[p]);
+    uint32_t packed = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      packed |= static_cast<uint32_t>(static_cast<uint8_t>(round_to_int8(to_float(e[j]) * inv))) << (8 * j);
+    *reinterpret_cast<uint32_t*>(q8 + swizzled<D>(piece_row(p), piece_col(p))) = packed;
+  }
+  fence_proxy_async();
+  return scale;
+}
 
 // Issues d (+)= P·V over a tile's 128 keys (four k32 steps, V^T from the stage at v_smem); `fresh` overwrites d
 // (the tile accumulator of two-level accumulation) instead of adding to it. The caller commits and waits.
@@ -56,7 +120,7 @@ __device__ __forceinline__ void pv_issue(float (&d)[D / 2], const uint32_t (&a)[
 // once share a head's K and V in L2; causal items run their longest (last) query block first.
 struct Work {
   int row0, h, b, n_tiles;
-  int q_head, kv_head;  // b * hq + h and b * hk + h's K/V head: the tensor maps' outer coordinate
+  int q_head, kv_head;  // b * hq + h (the LSE's head) and b * hk + h's K/V head (the K/V maps' outer coordinate)
 };
 
 __device__ __forceinline__ Work work_item(int w, const AttentionParams& p) {
@@ -88,8 +152,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint8_t* const smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   uint64_t* const full = reinterpret_cast<uint64_t*>(smem + L::kBarOff);  // stage s holds tile data
   uint64_t* const empty = full + L::kStages;                              // stage s may be overwritten
-  uint64_t* const q_full = empty + L::kStages;                            // Q of the current item has arrived
-  uint64_t* const q_empty = q_full + 1;                                   // its Q·K^T products are all done
+  uint64_t* const q_full = empty + L::kStages;                            // 16-bit Q of the current item arrived
+  uint64_t* const q_empty = q_full + 1;                                   // the consumers are done with it
   const int n_items = work_items(p);
 
   if (threadIdx.x == 0) {
@@ -107,8 +171,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int w = blockIdx.x, k = 0; w < n_items; w += gridDim.x, ++k) {
       const Work wk = work_item(w, p);
       if (k > 0) mbar_wait(q_empty, (k - 1) & 1);
-      mbar_arrive_expect_tx(q_full, L::kQBytes);
-      tma_load_3d(smem + L::kQOff, &q_map, 0, wk.row0, wk.q_head, q_full);
+      mbar_arrive_expect_tx(q_full, L::kQ16Bytes);
+#pragma unroll
+      for (int box = 0; box < D / 64; ++box)
+        tma_load_4d(smem + L::kQ16Off + box * kRows * 128, &q_map, 64 * box, wk.row0, wk.h, wk.b, q_full);
       for (int tile = 0; tile < wk.n_tiles; ++tile, ++ring) {
         const int s = ring % L::kStages, round = ring / L::kStages;
         if (round > 0) mbar_wait(&empty[s], (round - 1) & 1);
@@ -133,12 +199,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const Work wk = work_item(w, p);
     const int row0 = wk.row0;
     const int64_t q_head = wk.q_head, k_head = wk.kv_head;
-    float qs[2], m[2], l[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      qs[i] = p.q_scale[q_head * p.nq_pad + row0 + wrow + 8 * i] * p.scale_log2;
-      m[i] = -INFINITY, l[i] = 0.f;
-    }
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
     float o[D / 8][4] = {};  // the m16n8 layout: channels 8n + 2t + {0, 1} of rows g and g + 8
     float(&o_flat)[D / 2] = reinterpret_cast<float(&)[D / 2]>(o);
     auto issue_pv = [&](int stage) {  // the previous tile's P·V, in flight until finish_pv
@@ -165,7 +226,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     float ks_next[2];
     load_ks(0, ks_next);
     mbar_wait(q_full, k & 1);
-    if (wk.n_tiles == 0) mbar_arrive(q_empty);  // no key for these rows: Q is not read
+    // this warpgroup's INT8 Q rows are free: its last item's MMAs have all completed
+    const float qs = quantize_q<D, T>(smem + L::kQ16Off, smem + L::kQOff, wrow, t, p.q_gran,
+                                      reinterpret_cast<uint32_t*>(smem + L::kRedOff) + 8 * (k & 1)) *
+                     p.scale_log2;
+    named_barrier(wg, 128);  // the warpgroup's rows are all written before its MMAs read them
+    if (wk.n_tiles == 0) mbar_arrive(q_empty);
 
     // Software pipeline: the tensor cores run tile j - 1's P·V while this warpgroup runs tile j's softmax.
     for (int tile = 0; tile < wk.n_tiles; ++tile) {
@@ -188,7 +254,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       } else {
         wgmma_wait<0>();
       }
-      if (tile == wk.n_tiles - 1) mbar_arrive(q_empty);  // the producer may load the next item's Q
+      // Q·K^T of the item's last tile is done: the producer may load the next item's Q. (Releasing the 16-bit Q as
+      // soon as it is read made persistent programs 4-10 % slower at every length, session 17: we think because
+      // the two consumer warpgroups then drift apart across items, which shortens the K/V ring's effective lead.)
+      if (tile == wk.n_tiles - 1) mbar_arrive(q_empty);
 
       const bool needs_mask =
           key0 + kKeys > p.nk || (p.causal && key0 + kKeys - 1 > row0 + wrow - g + p.causal_offset);
@@ -199,7 +268,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int j = 0; j < 16; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) x[j][e] = static_cast<float>(sc[4 * j + e]) * (qs[e / 2] * ks[j / 8]);
+        for (int e = 0; e < 4; ++e) x[j][e] = static_cast<float>(sc[4 * j + e]) * (qs * ks[j / 8]);
       if (needs_mask) mask_scores<16>(x, key0, t, row0 + wrow, p);
       softmax_step<16, true, D == 64 ? 4 : 1>(x, m, l, alpha);
 
@@ -226,9 +295,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-// The tensor maps of a call (family.cu builds them): INT8 Q [B * Hq, nq_pad, D] and K [B * Hk, nk_pad, D] in boxes
-// of 128 rows, FP8 V^T [B * Hk, D, nk_pad] in boxes of 128 keys; innermost dimension first, as the copy engine
-// numbers them.
+// The tensor maps of a call (family.cu builds them): the caller's 16-bit Q [B, Hq, nq, d] in boxes of 128 rows x 64
+// columns, INT8 K [B * Hk, nk_pad, D] in boxes of 128 rows, FP8 V^T [B * Hk, D, nk_pad] in boxes of 128 keys;
+// innermost dimension first, as the copy engine numbers them.
 struct TensorMaps {
   CUtensorMap q, k, v;
 };

@@ -2,6 +2,5 @@
 #include "common/binding.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  sage::binding::define_module<true>(m,
-                                     "sageattention kernels: INT8 Q·K^T, FP8 P·V (wgmma, TMA, sm_90a)");
+  sage::binding::define_module<true, true>(m, "sageattention kernels: INT8 Q·K^T, FP8 P·V (wgmma, TMA, sm_90a)");
 }

@@ -33,28 +33,46 @@ PFN_cuTensorMapEncodeTiled_v12000 encoder() {
   return fn;
 }
 
-// A byte tensor [outer, rows, inner] (contiguous) read in boxes of box_rows x box_inner, swizzled at the box's
-// inner width (64 or 128 bytes, the rows the wgmma descriptors expect); out-of-range elements read as zero.
-CUtensorMap byte_map(const void* base, uint64_t inner, uint64_t rows, uint64_t outer, uint32_t box_inner,
-                     uint32_t box_rows) {
+// A tensor map of `rank` dimensions (innermost first; strides in bytes of dimensions 1..rank-1) read in boxes of
+// `box` elements, swizzled at the box's inner width (64 or 128 bytes, the rows the kernel expects); out-of-range
+// elements read as zero.
+CUtensorMap tiled_map(CUtensorMapDataType type, int elem_bytes, int rank, const void* base, const cuuint64_t* dims,
+                      const cuuint64_t* strides, const cuuint32_t* box) {
   CUtensorMap map{};
-  const cuuint64_t dims[3] = {inner, rows, outer};
-  const cuuint64_t strides[2] = {inner, inner * rows};  // bytes, of dimensions 1 and 2
-  const cuuint32_t box[3] = {box_inner, box_rows, 1};
-  const cuuint32_t unit[3] = {1, 1, 1};
-  const CUresult res = encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<void*>(base), dims, strides, box,
-                                 unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                 box_inner == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
+  const cuuint32_t unit[4] = {1, 1, 1, 1};
+  const CUresult res = encoder()(&map, type, rank, const_cast<void*>(base), dims, strides, box, unit,
+                                 CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                 box[0] * elem_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
                                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (res != CUDA_SUCCESS)
     throw std::runtime_error("sageattention sm90: cuTensorMapEncodeTiled failed with CUresult " + std::to_string(res));
   return map;
 }
 
+// A contiguous byte tensor [outer, rows, inner] in boxes of box_rows x box_inner.
+CUtensorMap byte_map(const void* base, uint64_t inner, uint64_t rows, uint64_t outer, uint32_t box_inner,
+                     uint32_t box_rows) {
+  const cuuint64_t dims[3] = {inner, rows, outer};
+  const cuuint64_t strides[2] = {inner, inner * rows};
+  const cuuint32_t box[3] = {box_inner, box_rows, 1};
+  return tiled_map(CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, 3, base, dims, strides, box);
+}
+
+// The caller's 16-bit Q [B, Hq, nq, d] (16-byte aligned strides: the binding copies Q where they are not) in boxes
+// of 128 rows x 64 columns.
+CUtensorMap q16_map(const AttentionParams& p) {
+  const Strided& q = p.q16;
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(p.d), static_cast<cuuint64_t>(p.nq),
+                              static_cast<cuuint64_t>(p.hq), static_cast<cuuint64_t>(p.batch)};
+  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(q.sn) * 2, static_cast<cuuint64_t>(q.sh) * 2,
+                                 static_cast<cuuint64_t>(q.sb) * 2};
+  const cuuint32_t box[4] = {64, kRows, 1, 1};
+  return tiled_map(CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, 4, q.ptr, dims, strides, box);
+}
+
 TensorMaps tensor_maps(const AttentionParams& p, int d_pad) {
   const uint32_t d = static_cast<uint32_t>(d_pad);
-  return {byte_map(p.q_i8, d, p.nq_pad, static_cast<uint64_t>(p.batch) * p.hq, d, kRows),
-          byte_map(p.k_i8, d, p.nk_pad, static_cast<uint64_t>(p.batch) * p.hk, d, kKeys),
+  return {q16_map(p), byte_map(p.k_i8, d, p.nk_pad, static_cast<uint64_t>(p.batch) * p.hk, d, kKeys),
           byte_map(p.v.ptr, p.nk_pad, d, static_cast<uint64_t>(p.batch) * p.hk, kKeys, d)};
 }
 
