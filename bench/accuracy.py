@@ -21,6 +21,7 @@ import sageattention as sa
 from bench.models import add_selection, chart
 from bench.run import RESULTS, run_meta, write_results
 from bench.workloads import MODELS, Model, inputs, model_sdpa, sageattn_on_triton
+from sageattention.reference import error_metrics
 
 METHODS = {
     "sageattn": lambda q, k, v, **kw: sa.sageattn(q, k, v, **kw),
@@ -37,12 +38,11 @@ METHODS = {
 
 
 def metrics(out: torch.Tensor, ref: torch.Tensor) -> dict:
-    """Cosine similarity and relative L1 of out against ref, in float64 (NaN where out has a non-finite value)."""
-    a, r = out.double().flatten(), ref.double().flatten()
-    if not torch.isfinite(a).all():
+    """reference.error_metrics, rounded for the tables (NaN where out has a non-finite value)."""
+    if not torch.isfinite(out).all():
         return dict(cos=float("nan"), rel_l1=float("nan"))
-    cos = torch.nn.functional.cosine_similarity(a, r, dim=0).item()
-    return dict(cos=round(cos, 6), rel_l1=round(((a - r).abs().sum() / r.abs().sum()).item(), 5))
+    m = error_metrics(out, ref)
+    return dict(cos=round(m["cos"], 6), rel_l1=round(m["rel_l1"], 5))
 
 
 def measure(m: Model, names, structured: bool, notes: dict) -> dict:

@@ -1,20 +1,22 @@
 """Diagnostic (session 17): why `sageattn` on the SDPA route costs more back to back than SDPA itself in some
-processes. One process; the small call (B1 H16 N1k d64 NHD fp16). Times sageattn and its parts back to back (µs per
-call, median of 5 loops of 200), first alone, then after each other way of calling SDPA has run, cumulatively."""
+processes. One process; bench.workloads' small call in NHD. Times sageattn and its parts back to back (µs per call,
+median of 5 loops of 200), first alone, then after each other way of calling SDPA has run, cumulatively."""
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from bench.models import back_to_back_ms
+from bench.workloads import MODELS, inputs
 from sageattention import explain, fallback, sageattn
 
 
 def main() -> None:
-    g = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn(1, 1024, 16, 64, device="cuda", dtype=torch.float16, generator=g) for _ in range(3))
-    scale = 64 ** -0.5
+    q, k, v = inputs(dataclasses.replace(MODELS["small"], layout="NHD"))
+    scale = q.shape[-1] ** -0.5
     hnd = [t.transpose(1, 2) for t in (q, k, v)]
     probes = {
         "sageattn": lambda: sageattn(q, k, v, tensor_layout="NHD"),

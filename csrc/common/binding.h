@@ -58,9 +58,16 @@ inline sage::Strided strided(const torch::Tensor& t) {
   return {t.data_ptr(), t.stride(0), t.stride(1), t.stride(2)};
 }
 
+// Whether every row of a 16-bit [B, H, N, D] view starts 16 bytes aligned (a size-1 dimension's stride is never
+// used); positive: its strides are also nonzero, as the copy engine needs.
+inline bool rows_aligned(const torch::Tensor& t, bool positive = false) {
+  bool ok = reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+  for (int i = 0; i < 3; ++i) ok = ok && (t.size(i) == 1 || (t.stride(i) % 8 == 0 && (!positive || t.stride(i) > 0)));
+  return ok;
+}
+
 inline bool readable_in_place(const torch::Tensor& t, int64_t d, int64_t d_pad) {
-  return d == d_pad && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && t.stride(0) % 8 == 0 &&
-         t.stride(1) % 8 == 0 && t.stride(2) % 8 == 0;
+  return d == d_pad && rows_aligned(t);
 }
 
 // One workspace for every intermediate of a call: a single allocation, carved at 256-byte boundaries.
@@ -133,18 +140,11 @@ inline void check_device() {
               "); rebuild with its arch in TORCH_CUDA_ARCH_LIST");
 }
 
-// Q as the sm90 kernel's copy engine reads it: rows and strides 16-byte aligned (a stride of a size-1 dimension is
-// never used), else a contiguous copy with head_dim padded to a multiple of 8 by zeros.
+// Q as the sm90 kernel's copy engine reads it: t where its rows are aligned, else a contiguous copy with head_dim
+// padded to a multiple of 8 by zeros.
 inline torch::Tensor copy_engine_readable(const torch::Tensor& t) {
-  bool ok = reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
-  for (int i = 0; i < 3; ++i) ok = ok && (t.size(i) == 1 || (t.stride(i) > 0 && t.stride(i) % 8 == 0));
-  if (ok) return t;
+  if (rows_aligned(t, true)) return t;
   return at::constant_pad_nd(t, {0, round_up(t.size(3), 8) - t.size(3)}).contiguous();
-}
-
-inline sage::Strided strided_for_copy_engine(const torch::Tensor& t) {
-  auto stride = [&](int i) { return t.size(i) == 1 ? int64_t{8} : t.stride(i); };
-  return {t.data_ptr(), stride(0), stride(1), stride(2)};
 }
 
 // The fused op: quantize, attend, return (out in the caller's layout, lse [B, Hq, Nq] fp32 or an empty tensor).
@@ -179,7 +179,7 @@ std::vector<torch::Tensor> attention(const torch::Tensor& q, const torch::Tensor
   torch::Tensor lse = return_lse ? torch::empty({x.batch, x.hq, x.nq}, f32) : torch::empty({0}, f32);
   sage::AttentionParams a{};
   a.q_i8 = p.q_i8, a.q_scale = p.q_scale, a.k_i8 = p.k_i8, a.k_scale = p.k_scale;
-  if (kKernelQuantizesQ) a.q16 = strided_for_copy_engine(q16);
+  if (kKernelQuantizesQ) a.q16 = strided(q16);
   a.q_gran = static_cast<int>(q_gran);
   if (v_mode == sage::kVNone) a.v = strided(x.v);
   else a.v = {p.v_out, x.hk * p.nk_pad * d_pad, p.nk_pad * d_pad, d_pad};  // (fp8 V^T: only .ptr is read)

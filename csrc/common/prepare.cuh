@@ -53,11 +53,13 @@ __device__ __forceinline__ uint4 load8_raw(const Strided& x, int b, int h, int n
   return raw;
 }
 
-template <typename T>
-__device__ __forceinline__ void to_floats(const uint4& raw, float (&out)[8]) {
+// The N 16-bit values held in raw (a uint2 or uint4), as floats.
+template <typename T, typename Raw, int N>
+__device__ __forceinline__ void to_floats(const Raw& raw, float (&out)[N]) {
+  static_assert(sizeof(Raw) == 2 * N, "N 16-bit values");
   const T* e = reinterpret_cast<const T*>(&raw);
 #pragma unroll
-  for (int i = 0; i < 8; ++i) out[i] = to_float(e[i]);
+  for (int i = 0; i < N; ++i) out[i] = to_float(e[i]);
 }
 
 template <typename T>
@@ -75,6 +77,22 @@ __device__ __forceinline__ int8_t round_to_int8(float y) {
   // round half away from zero, like the reference (trunc(y +- 0.5)); NaN (a non-finite group) becomes 0, its scale
   // carries the NaN
   return static_cast<int8_t>(__float2int_rz(y + copysignf(0.5f, y)));
+}
+
+// A group's INT8 scale from its largest magnitude (NaN where the group holds inf or NaN): max / 127, 1 for an
+// all-zero group, at least fp32's least normal; NaN stays NaN.
+__device__ __forceinline__ float int8_scale(float group_max) {
+  const float s = group_max / 127.f;
+  return s == 0.f ? 1.f : s < kMinScale ? kMinScale : s;
+}
+
+// Four values times inv, rounded to INT8 and packed, the first in the lowest byte.
+__device__ __forceinline__ uint32_t quantize4(const float* v, float inv) {
+  uint32_t packed = 0;
+#pragma unroll
+  for (int e = 0; e < 4; ++e)
+    packed |= static_cast<uint32_t>(static_cast<uint8_t>(round_to_int8(v[e] * inv))) << (8 * e);
+  return packed;
 }
 
 // The scale groups of sageattention/quant_groups.py as the bits of a row index (r < R) that vary within a group:
@@ -154,8 +172,7 @@ __device__ void quantize_block(const Strided& x, int b, int h, int row0, int n_r
     }
   }
   if (t < R) {
-    float s = gmax / 127.f + gbad;
-    s = s == 0.f ? 1.f : s < kMinScale ? kMinScale : s;  // NaN stays NaN
+    const float s = int8_scale(gmax + gbad);  // gbad: 0, or NaN for a non-finite group
     row_scale[t] = s;
     scale_out[row0 + t] = s;
   }
@@ -166,11 +183,8 @@ __device__ void quantize_block(const Strided& x, int b, int h, int row0, int n_r
     const float inv = 1.f / row_scale[r];
     float v[8];
     values(i, v);
-    uint32_t packed[2] = {0u, 0u};
-#pragma unroll
-    for (int e = 0; e < 8; ++e)
-      packed[e / 4] |= static_cast<uint32_t>(static_cast<uint8_t>(round_to_int8(v[e] * inv))) << (8 * (e % 4));
-    *reinterpret_cast<uint2*>(out + static_cast<int64_t>(row0 + r) * DPAD + chunk * 8) = make_uint2(packed[0], packed[1]);
+    *reinterpret_cast<uint2*>(out + static_cast<int64_t>(row0 + r) * DPAD + chunk * 8) =
+        make_uint2(quantize4(v, inv), quantize4(v + 4, inv));
   }
 }
 

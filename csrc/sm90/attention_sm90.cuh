@@ -88,17 +88,13 @@ __device__ __forceinline__ float quantize_q(const uint8_t* q16, uint8_t* q8, int
   }
   const uint16_t top = static_cast<uint16_t>(mbits);
   const float mx = mbits >= kInfBits<T> ? __int_as_float(0x7fffffff) : to_float(*reinterpret_cast<const T*>(&top));
-  float scale = mx / 127.f;
-  scale = scale == 0.f ? 1.f : scale < kMinScale ? kMinScale : scale;  // NaN stays NaN
+  const float scale = int8_scale(mx);
   const float inv = 1.f / scale;
 #pragma unroll
   for (int p = 0; p < kPieces; ++p) {
-    const T* e = reinterpret_cast<const T*>(&raw[p]);
-    uint32_t packed = 0;
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-      packed |= static_cast<uint32_t>(static_cast<uint8_t>(round_to_int8(to_float(e[j]) * inv))) << (8 * j);
-    *reinterpret_cast<uint32_t*>(q8 + swizzled<D>(piece_row(p), piece_col(p))) = packed;
+    float v[4];
+    to_floats<T>(raw[p], v);
+    *reinterpret_cast<uint32_t*>(q8 + swizzled<D>(piece_row(p), piece_col(p))) = quantize4(v, inv);
   }
   fence_proxy_async();
   return scale;

@@ -33,13 +33,14 @@ PFN_cuTensorMapEncodeTiled_v12000 encoder() {
   return fn;
 }
 
-// A tensor map of `rank` dimensions (innermost first; strides in bytes of dimensions 1..rank-1) read in boxes of
-// `box` elements, swizzled at the box's inner width (64 or 128 bytes, the rows the kernel expects); out-of-range
-// elements read as zero.
-CUtensorMap tiled_map(CUtensorMapDataType type, int elem_bytes, int rank, const void* base, const cuuint64_t* dims,
-                      const cuuint64_t* strides, const cuuint32_t* box) {
+// A tensor map of 1- or 2-byte elements, `rank` dimensions (innermost first; strides in bytes of dimensions
+// 1..rank-1), read in boxes of `box` elements, swizzled at the box's inner width (64 or 128 bytes, the rows the kernel
+// expects); out-of-range elements read as zero.
+CUtensorMap tiled_map(int elem_bytes, int rank, const void* base, const cuuint64_t* dims, const cuuint64_t* strides,
+                      const cuuint32_t* box) {
   CUtensorMap map{};
   const cuuint32_t unit[4] = {1, 1, 1, 1};
+  const CUtensorMapDataType type = elem_bytes == 2 ? CU_TENSOR_MAP_DATA_TYPE_UINT16 : CU_TENSOR_MAP_DATA_TYPE_UINT8;
   const CUresult res = encoder()(&map, type, rank, const_cast<void*>(base), dims, strides, box, unit,
                                  CU_TENSOR_MAP_INTERLEAVE_NONE,
                                  box[0] * elem_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
@@ -55,19 +56,19 @@ CUtensorMap byte_map(const void* base, uint64_t inner, uint64_t rows, uint64_t o
   const cuuint64_t dims[3] = {inner, rows, outer};
   const cuuint64_t strides[2] = {inner, inner * rows};
   const cuuint32_t box[3] = {box_inner, box_rows, 1};
-  return tiled_map(CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, 3, base, dims, strides, box);
+  return tiled_map(1, 3, base, dims, strides, box);
 }
 
 // The caller's 16-bit Q [B, Hq, nq, d] (16-byte aligned strides: the binding copies Q where they are not) in boxes
-// of 128 rows x 64 columns.
+// of 128 rows x 64 columns. A size-1 dimension's stride is never stepped, so any valid one (16 bytes) stands in.
 CUtensorMap q16_map(const AttentionParams& p) {
   const Strided& q = p.q16;
   const cuuint64_t dims[4] = {static_cast<cuuint64_t>(p.d), static_cast<cuuint64_t>(p.nq),
                               static_cast<cuuint64_t>(p.hq), static_cast<cuuint64_t>(p.batch)};
-  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(q.sn) * 2, static_cast<cuuint64_t>(q.sh) * 2,
-                                 static_cast<cuuint64_t>(q.sb) * 2};
+  auto bytes = [](int64_t stride, int size) { return static_cast<cuuint64_t>(size == 1 ? 8 : stride) * 2; };
+  const cuuint64_t strides[3] = {bytes(q.sn, p.nq), bytes(q.sh, p.hq), bytes(q.sb, p.batch)};
   const cuuint32_t box[4] = {64, kRows, 1, 1};
-  return tiled_map(CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, 4, q.ptr, dims, strides, box);
+  return tiled_map(2, 4, q.ptr, dims, strides, box);
 }
 
 TensorMaps tensor_maps(const AttentionParams& p, int d_pad) {

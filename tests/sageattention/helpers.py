@@ -15,6 +15,7 @@ import sageattention as sa
 from bench.workloads import sageattn_on_triton
 from sageattention import core, dispatch, reference
 from sageattention.inputs import to_hnd
+from sageattention.reference import error_metrics
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 LAYOUTS = ("HND", "NHD")
@@ -53,14 +54,8 @@ def make_qkv(*, b=1, hq=2, hk=None, nq=64, nk=None, d=64, dtype=torch.float16, l
 # ---------------------------------------------------------------- metrics
 
 def metrics(out: torch.Tensor, ref: torch.Tensor) -> dict:
-    """cosine similarity, relative L1 and RMSE of out against ref (flattened, float64, on the CPU: the
-    float64 oracles run there)."""
-    a, r = out.double().flatten().cpu(), ref.double().flatten().cpu()
-    # identical (e.g. both all zero: every row fully masked) counts as a perfect match
-    cos = 1.0 if torch.equal(a, r) else torch.nn.functional.cosine_similarity(a, r, dim=0).item()
-    rel_l1 = ((a - r).abs().sum() / r.abs().sum().clamp_min(1e-30)).item()
-    rmse = (a - r).pow(2).mean().sqrt().item()
-    return {"cos": cos, "rel_l1": rel_l1, "rmse": rmse}
+    """reference.error_metrics on the CPU, where the float64 oracles run."""
+    return error_metrics(out.cpu(), ref.cpu())
 
 
 def assert_close(out, ref, *, cos: float, rel_l1: float, what: str = "") -> dict:
