@@ -54,6 +54,7 @@ MODELS = {m.key: m for m in (
 SDPA_BACKENDS = {"sdpa": None, "sdpa flash": SDPBackend.FLASH_ATTENTION, "sdpa cudnn": SDPBackend.CUDNN_ATTENTION}
 
 
+@core.prepared_calls
 def sageattn_on_triton(q, k, v, tensor_layout="HND", is_causal=False, sm_scale=None, return_lse=False, **kwargs):
     """sageattn on the Triton kernels whatever the GPU (on Hopper: what sageattn ran before the sm90 kernel),
     without the small-problem SDPA fallback."""

@@ -100,10 +100,9 @@ def _route(fn_name, device, cap, plan, *, b, hq, nq, nk, d, is_causal, causal_of
 
 
 def _setup(fn_name, device, cap, shape, is_causal, causal_offset, masked, qk_quant_gran, pv_fp8, pv_accum_dtype,
-           accum_choices, smooth_k, smooth_v, return_lse, dropout_p, kernels, only_archs, sdpa_fallback):
+           accum_choices, smooth_k, smooth_v, return_lse, dropout_p, kernels, only_archs):
     """Everything a call decides from its arguments but the tensors and sm_scale: the remaining argument checks, the
-    plan and the route; (plan, backend, detail). shape: (B, Hq, Nq, Nk, D). sdpa_fallback: fallback's switch, part of
-    the arguments so that a cached answer follows it."""
+    plan and the route; (plan, backend, detail). shape: (B, Hq, Nq, Nk, D)."""
     plan = resolve_plan(fn_name, cap, qk_quant_gran=qk_quant_gran or SAGEATTN_GRAN, pv_fp8=pv_fp8,
                         pv_accum_dtype=pv_accum_dtype, accum_choices=accum_choices, smooth_k=smooth_k,
                         smooth_v=smooth_v)
@@ -117,59 +116,94 @@ def _setup(fn_name, device, cap, shape, is_causal, causal_offset, masked, qk_qua
     return plan, backend, detail
 
 
-# A model calls attention with a handful of argument sets: deciding each once takes the checks and routing off the
-# host time of every later call (small calls are host-bound). Tests that fake a GPU clear it (tests' conftest).
-_setup_cached = functools.lru_cache(maxsize=256)(_setup)
-
-
-def _attention(fn_name, q, k, v, *, tensor_layout, is_causal, sm_scale, qk_quant_gran, pv_fp8, pv_accum_dtype,
-               accum_choices, smooth_k, smooth_v, return_lse, attn_mask=None, dropout_p=0.0, kernels="auto",
-               only_archs=None, explain=False):
-    """See `resolve_plan` for pv_fp8, pv_accum_dtype and accum_choices. qk_quant_gran None: the backend's default.
-    kernels: "auto", "compiled" or "triton" (see `_route`). only_archs: a frozenset of capabilities. explain: return
-    the route (backend, detail) instead of running."""
+def _prepare(fn_name, q, k, v, *, tensor_layout, is_causal, sm_scale, qk_quant_gran, pv_fp8, pv_accum_dtype,
+             accum_choices, smooth_k, smooth_v, return_lse, attn_mask=None, dropout_p=0.0, kernels="auto",
+             only_archs=None):
+    """Checks a call and routes it: (run, backend, detail), where run(q, k, v) runs the chosen kernels with every
+    other argument decided. See `resolve_plan` for pv_fp8, pv_accum_dtype and accum_choices; qk_quant_gran None:
+    the backend's default. kernels: "auto", "compiled" or "triton" (see `_route`). only_archs: a frozenset of
+    capabilities."""
     b, hq, _, nq, nk = inputs.check_dense(q, k, v, tensor_layout)
     attn_mask, is_causal, causal_offset = inputs.causal_alignment(attn_mask, is_causal, nq, nk)
     mask = inputs.expand_mask(attn_mask, q, (b, hq, nq, nk))
     if mask is not None and mask.requires_grad and torch.is_grad_enabled():
         raise ValueError(f"{fn_name}: gradients with respect to attn_mask are not supported; pass attn_mask.detach()")
-    # checked here, not in the cached _setup: sm_scale=True must fail even after a call with sm_scale=1 (equal keys)
     scale = inputs.resolve_sm_scale(sm_scale, q.shape[-1])
     device = q.device
-    args = (fn_name, device, dispatch.capability(device), (b, hq, nq, nk, q.shape[-1]), is_causal, causal_offset,
-            mask is not None, qk_quant_gran, pv_fp8, pv_accum_dtype, accum_choices, smooth_k, smooth_v,
-            bool(return_lse), dropout_p, kernels, only_archs, fallback.is_enabled())
-    compiling = torch.compiler.is_compiling()
-    if compiling:
-        plan, backend, detail = _setup(*args)
-    else:
-        try:
-            plan, backend, detail = _setup_cached(*args)
-        except TypeError:  # an unhashable argument (the cache's error): the uncached checks name what is wrong
-            plan, backend, detail = _setup(*args)
-    if explain:
-        return backend, detail
-    if not compiling and _log.isEnabledFor(logging.DEBUG):  # dynamo cannot trace loggers
-        _log.debug("%s: %s (%s)", fn_name, backend, detail)
+    plan, backend, detail = _setup(
+        fn_name, device, dispatch.capability(device), (b, hq, nq, nk, q.shape[-1]), is_causal, causal_offset,
+        mask is not None, qk_quant_gran, pv_fp8, pv_accum_dtype, accum_choices, smooth_k, smooth_v, bool(return_lse),
+        dropout_p, kernels, only_archs)
+    return_lse = bool(return_lse)
     if backend == "sdpa":
-        return fallback.sdpa(q, k, v, tensor_layout, is_causal, causal_offset, scale)
-    if backend == "compiled":
-        out, lse = ops.run_compiled_attention(q, k, v, tensor_layout == "NHD", is_causal, causal_offset, scale,
-                                              detail, GRAN_CODE[plan.qk_quant_gran], compiled_accum(plan),
-                                              plan.smooth_k, plan.smooth_v, bool(return_lse))
+        def run(q, k, v):
+            return fallback.sdpa(q, k, v, tensor_layout, is_causal, causal_offset, scale)
+    elif backend == "compiled":
+        args = (tensor_layout == "NHD", is_causal, causal_offset, scale, detail, GRAN_CODE[plan.qk_quant_gran],
+                compiled_accum(plan), plan.smooth_k, plan.smooth_v, return_lse)
+
+        def run(q, k, v):
+            out, lse = ops.run_compiled_attention(q, k, v, *args)
+            return (out, lse) if return_lse else out
     else:
-        out, lse = ops.run_attention(q, k, v, mask, tensor_layout, is_causal, causal_offset, scale, *plan.fields(),
-                                     bool(return_lse), fn_name if kernels == "compiled" else "")
-    return (out, lse) if return_lse else out
+        args = (mask, tensor_layout, is_causal, causal_offset, scale, *plan.fields(), return_lse,
+                fn_name if kernels == "compiled" else "")
+
+        def run(q, k, v):
+            out, lse = ops.run_attention(q, k, v, *args)
+            return (out, lse) if return_lse else out
+    return run, backend, detail
+
+
+# A model calls attention with a handful of argument sets: each is checked and routed once (`_prepare`), and later
+# calls with the same signature go straight to the kernels, since small calls are host-bound (docs/benchmarks.md).
+# Tests that fake a GPU or a build clear it (tests' conftest).
+_prepared: dict = {}
+_PREPARED_MAX = 256
+_PLAIN = (bool, int, float, str, type(None))  # argument values that are kept in a signature
+
+
+def _plain(values) -> bool:
+    """Whether equal values of these types act alike; a tensor (an attn_mask) never enters a signature."""
+    return all(type(x) in _PLAIN for x in values)
+
+
+def prepared_calls(prepare):
+    """The entry point of `prepare(q, k, v, ...) -> (run, backend, detail)`, which checks and routes each call
+    signature once: the tensors' types, shapes, dtypes, devices and last strides (what the checks read), the SDPA
+    switch, and every other argument with its type (sm_scale=True is refused, 1 is served)."""
+    @functools.wraps(prepare)
+    def entry_point(q, k, v, *args, **kwargs):
+        if torch.compiler.is_compiling():  # the trace runs the checks once; the compiled graph calls the op
+            return prepare(q, k, v, *args, **kwargs)[0](q, k, v)
+        try:
+            key = (prepare, type(q), type(k), type(v), q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype,
+                   q.device, k.device, v.device, q.stride(-1), k.stride(-1), v.stride(-1), fallback.is_enabled(),
+                   *args, *map(type, args), *kwargs.items(), *map(type, kwargs.values()))
+            prepared = _prepared.get(key)
+        except (AttributeError, TypeError):  # not tensors, or an unhashable argument: the checks name the problem
+            key = prepared = None
+        if prepared is None:
+            prepared = prepare(q, k, v, *args, **kwargs)
+            if key is not None and _plain(args) and _plain(kwargs.values()):
+                if len(_prepared) >= _PREPARED_MAX:
+                    _prepared.clear()
+                _prepared[key] = prepared
+        run, backend, detail = prepared
+        if _log.isEnabledFor(logging.DEBUG):
+            _log.debug("%s: %s (%s)", entry_point.__name__, backend, detail)
+        return run(q, k, v)
+    return entry_point
 
 
 def explain(q, k, v, tensor_layout="HND", is_causal=False, sm_scale=None, return_lse=False, **kwargs) -> str:
     """Which kernels `sageattn` would run for these arguments, and why, e.g. "compiled sm89 kernels" or
     "sdpa: 77 keys (fewer than 128): quantizing K and V cannot pay off". Runs nothing."""
-    backend, detail = _sageattn(q, k, v, tensor_layout, is_causal, sm_scale, return_lse, kwargs, explain=True)
+    _, backend, detail = _sageattn(q, k, v, tensor_layout, is_causal, sm_scale, return_lse, kwargs)
     return f"compiled {detail} kernels" if backend == "compiled" else f"{backend}: {detail}"
 
 
+@prepared_calls
 def sageattn(q, k, v, tensor_layout="HND", is_causal=False, sm_scale=None, return_lse=False, **kwargs):
     """Quantized attention, a drop-in for scaled_dot_product_attention; picks the fastest kernel for the GPU
     (`explain` says which; small problems go to SDPA, see sageattention/fallback.py).
@@ -185,15 +219,16 @@ def sageattn(q, k, v, tensor_layout="HND", is_causal=False, sm_scale=None, retur
     return _sageattn(q, k, v, tensor_layout, is_causal, sm_scale, return_lse, kwargs)
 
 
-def _sageattn(q, k, v, tensor_layout, is_causal, sm_scale, return_lse, kwargs, explain=False, kernels="auto"):
+def _sageattn(q, k, v, tensor_layout, is_causal, sm_scale, return_lse, kwargs, kernels="auto"):
+    """sageattn's `_prepare`; kernels="triton" pins it to the Triton kernels (bench/)."""
     inputs.check_kwargs("sageattn", kwargs, SAGEATTN_KWARGS)
     _check_quant_backend(kwargs.get("quantization_backend", "triton"))
-    return _attention(
+    return _prepare(
         "sageattn", q, k, v, tensor_layout=tensor_layout, is_causal=is_causal, sm_scale=sm_scale,
         qk_quant_gran=kwargs.get("qk_quant_gran"), pv_fp8=None,
         pv_accum_dtype=kwargs.get("pv_accum_dtype"), accum_choices=None, smooth_k=kwargs.get("smooth_k", True),
         smooth_v=kwargs.get("smooth_v", False), return_lse=return_lse, attn_mask=kwargs.get("attn_mask"),
-        dropout_p=kwargs.get("dropout_p", 0.0), explain=explain, kernels=kernels,
+        dropout_p=kwargs.get("dropout_p", 0.0), kernels=kernels,
     )
 
 
@@ -202,11 +237,12 @@ def _check_quant_backend(backend) -> None:
         raise ValueError(f"quantization_backend={backend!r} is not supported; use one of {QUANT_BACKENDS}")
 
 
+@prepared_calls
 def sageattn_qk_int8_pv_fp16_triton(q, k, v, tensor_layout="HND", quantization_backend="triton", is_causal=False,
                                     attn_mask=None, sm_scale=None, smooth_k=True, return_lse=False):
     """INT8 Q·K (per-block scales), 16-bit P·V with fp32 accumulation, on Triton (any supported GPU)."""
     _check_quant_backend(quantization_backend)
-    return _attention(
+    return _prepare(
         "sageattn_qk_int8_pv_fp16_triton", q, k, v, tensor_layout=tensor_layout, is_causal=is_causal,
         sm_scale=sm_scale, qk_quant_gran="per_block", pv_fp8=False, pv_accum_dtype="fp32",
         accum_choices=("fp32",), smooth_k=smooth_k, smooth_v=False, return_lse=return_lse, attn_mask=attn_mask,
@@ -217,13 +253,14 @@ def sageattn_qk_int8_pv_fp16_triton(q, k, v, tensor_layout="HND", quantization_b
 def _cuda_variant(fn_name, pv_fp8, accum_choices, q, k, v, tensor_layout, is_causal, qk_quant_gran, sm_scale,
                   pv_accum_dtype, smooth_k, smooth_v, return_lse, only_archs=None):
     """The `_cuda` variants: CUDA kernels when built for the GPU, else the same algorithm on Triton."""
-    return _attention(
+    return _prepare(
         fn_name, q, k, v, tensor_layout=tensor_layout, is_causal=is_causal, sm_scale=sm_scale,
         qk_quant_gran=qk_quant_gran, pv_fp8=pv_fp8, pv_accum_dtype=pv_accum_dtype, accum_choices=accum_choices,
         smooth_k=smooth_k, smooth_v=smooth_v, return_lse=return_lse, kernels="compiled", only_archs=only_archs,
     )
 
 
+@prepared_calls
 def sageattn_qk_int8_pv_fp16_cuda(q, k, v, tensor_layout="HND", is_causal=False, qk_quant_gran="per_thread",
                                   sm_scale=None, pv_accum_dtype="fp32", smooth_k=True, smooth_v=False,
                                   return_lse=False):
@@ -232,6 +269,7 @@ def sageattn_qk_int8_pv_fp16_cuda(q, k, v, tensor_layout="HND", is_causal=False,
                          qk_quant_gran, sm_scale, pv_accum_dtype, smooth_k, smooth_v, return_lse)
 
 
+@prepared_calls
 def sageattn_qk_int8_pv_fp8_cuda(q, k, v, tensor_layout="HND", is_causal=False, qk_quant_gran="per_thread",
                                  sm_scale=None, pv_accum_dtype="fp32+fp16", smooth_k=True, smooth_v=False,
                                  return_lse=False):
@@ -241,6 +279,7 @@ def sageattn_qk_int8_pv_fp8_cuda(q, k, v, tensor_layout="HND", is_causal=False, 
                          qk_quant_gran, sm_scale, pv_accum_dtype, smooth_k, smooth_v, return_lse)
 
 
+@prepared_calls
 def sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v, tensor_layout="HND", is_causal=False, qk_quant_gran="per_thread",
                                       sm_scale=None, pv_accum_dtype="fp32+fp32", smooth_k=True, return_lse=False):
     """The Hopper (sm90) variant of INT8 Q·K + FP8 P·V."""

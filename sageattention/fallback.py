@@ -15,7 +15,6 @@ import os
 
 import torch
 
-from .inputs import to_hnd
 
 MIN_KEYS = 128  # fewer keys than one quantization block of K
 # B * Hq * Nq * Nk * D below this: the quantized path's fixed GPU cost (two preparation launches, ~12 µs on an H100)
@@ -52,12 +51,13 @@ def sdpa_reason(b: int, hq: int, nq: int, nk: int, d: int, *, is_causal: bool, c
 def sdpa(q, k, v, tensor_layout: str, is_causal: bool, causal_offset: int, sm_scale: float) -> torch.Tensor:
     """SDPA with sageattn's semantics: GQA, causal query i sees keys j <= i + causal_offset; output in q's layout
     (for NHD the same transposed view SDPA users get: copying it would cost more than the small problem itself)."""
-    qh, kh, vh = to_hnd(q, tensor_layout), to_hnd(k, tensor_layout), to_hnd(v, tensor_layout)
-    nq, nk = qh.shape[2], kh.shape[2]
+    nhd = tensor_layout == "NHD"
+    if nhd:
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     mask = None
     if is_causal and causal_offset != 0:  # SDPA's is_causal is top-left (offset 0)
-        mask = torch.ones(nq, nk, dtype=torch.bool, device=q.device).tril(causal_offset)
+        mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril(causal_offset)
     out = torch.nn.functional.scaled_dot_product_attention(
-        qh, kh, vh, attn_mask=mask, is_causal=is_causal and mask is None, scale=sm_scale,
-        enable_gqa=qh.shape[1] != kh.shape[1])
-    return to_hnd(out, tensor_layout)
+        q, k, v, attn_mask=mask, is_causal=is_causal and mask is None, scale=sm_scale,
+        enable_gqa=q.shape[1] != k.shape[1])
+    return out.transpose(1, 2) if nhd else out

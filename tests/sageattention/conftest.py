@@ -23,8 +23,8 @@ def pytest_configure(config):
 
 @pytest.fixture(autouse=True)
 def _fresh_call_setups():
-    """core caches each argument set's checks and route; tests that fake a GPU or a build must not see another
+    """core keeps each call signature's checks and route; tests that fake a GPU or a build must not see another
     test's answers."""
     from sageattention import core
 
-    core._setup_cached.cache_clear()
+    core._prepared.clear()

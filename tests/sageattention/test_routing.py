@@ -174,11 +174,63 @@ def test_an_unhashable_argument_gets_the_named_error():
         sa.sageattn_qk_int8_pv_fp8_cuda(q, k, v, pv_accum_dtype={"fp32"})
 
 
-def test_an_argument_equal_to_a_cached_one_is_still_checked():
+@pytest.mark.parametrize("positional", [False, True])
+def test_an_argument_equal_to_a_cached_one_is_still_checked(gpu, compiled_calls, positional):
+    gpu((8, 9))
     q, k, v = qkv()
-    sa.explain(q, k, v, sm_scale=1)
+    call = (lambda s: sa.sageattn(q, k, v, "HND", False, s)) if positional else (
+        lambda s: sa.sageattn(q, k, v, sm_scale=s))
+    call(1)
     with pytest.raises(TypeError, match="sm_scale must be a float or None, got bool"):
-        sa.explain(q, k, v, sm_scale=True)  # True == 1: equal cache keys
+        call(True)  # True == 1: equal signatures but for the type
+    assert compiled_calls[0][6] == 1.0  # the scale
+
+
+def test_a_cached_signature_still_checks_what_it_does_not_hold(gpu, compiled_calls):
+    """The signature holds what the checks read; tensors differing there are checked anew."""
+    gpu((8, 9))
+    q, k, v = qkv()
+    sa.sageattn(q, k, v)
+    with pytest.raises(ValueError, match="contiguous in its last"):
+        sa.sageattn(q.transpose(2, 3).contiguous().transpose(2, 3), k, v)
+    with pytest.raises(TypeError, match="float16 and torch.bfloat16"):
+        sa.sageattn(q.float(), k, v)
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        sa.sageattn(q, k, v, kernels="triton")
+    assert len(compiled_calls) == 1
+
+
+def test_masks_are_never_kept(gpu, monkeypatch):
+    """A call with an attn_mask is decided anew each time: a kept run would hold (and reuse) a stale mask."""
+    gpu((8, 9))
+    masks = []
+    monkeypatch.setattr(core.ops, "run_attention", lambda q, k, v, mask, *a: masks.append(mask) or (q, None))
+    q, k, v = qkv()
+    first, second = (torch.rand(256, 256, device=DEVICE) > p for p in (0.2, 0.7))
+    sa.sageattn(q, k, v, attn_mask=first)
+    sa.sageattn(q, k, v, attn_mask=second)
+    assert [m.data_ptr() for m in masks] == [first.data_ptr(), second.data_ptr()]
+    assert not core._prepared
+
+
+def test_the_fallback_switch_applies_to_kept_calls(sdpa_fallback, gpu, compiled_calls, monkeypatch):
+    gpu((8, 9))
+    sdpa_calls = []
+    monkeypatch.setattr(fallback, "sdpa", lambda q, *a: sdpa_calls.append(a) or q)
+    q, k, v = qkv(nk=77)
+    sa.sageattn(q, k, v)
+    sa.set_sdpa_fallback(False)
+    sa.sageattn(q, k, v)
+    assert len(sdpa_calls) == 1 and len(compiled_calls) == 1
+
+
+def test_kept_signatures_are_bounded(gpu, compiled_calls, monkeypatch):
+    gpu((8, 9))
+    monkeypatch.setattr(core, "_PREPARED_MAX", 2)
+    for n in (200, 201, 202, 203, 204):
+        sa.sageattn(*qkv(nq=n))
+        assert 1 <= len(core._prepared) <= 2
+    assert len(compiled_calls) == 5
 
 
 def test_the_fallback_can_be_turned_off(sdpa_fallback):
