@@ -30,7 +30,7 @@ FAMILIES = {
     "sm89": {"pv": "fp8", "min_arch": "8.9", "min_cuda": "12.4", "f16_accum": True},
     # wgmma s8 (Q·K^T) and e4m3 (P·V), TMA, setmaxnreg: arch-specific sm_90a features, which run on 9.0 alone
     # ("only": compiled for exactly these archs, as sm_90a whatever suffix the arch list gives). Its P·V
-    # accumulates in fp32 (a request for "fp32+fp16" runs two-level fp32).
+    # accumulates two-level in fp32 whatever pv_accum_dtype asks.
     "sm90": {"pv": "fp8", "min_arch": "9.0", "min_cuda": "12.4", "only": ("9.0",), "suffix": "a"},
 }
 

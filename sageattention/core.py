@@ -282,7 +282,8 @@ def sageattn_qk_int8_pv_fp8_cuda(q, k, v, tensor_layout="HND", is_causal=False, 
 @prepared_calls
 def sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v, tensor_layout="HND", is_causal=False, qk_quant_gran="per_thread",
                                       sm_scale=None, pv_accum_dtype="fp32+fp32", smooth_k=True, return_lse=False):
-    """The Hopper (sm90) variant of INT8 Q·K + FP8 P·V."""
+    """The Hopper (sm90) variant of INT8 Q·K + FP8 P·V; its kernel accumulates P·V two-level in fp32 for either
+    pv_accum_dtype."""
     return _cuda_variant("sageattn_qk_int8_pv_fp8_cuda_sm90", True, SM90_PV_ACCUM, q, k, v, tensor_layout,
                          is_causal, qk_quant_gran, sm_scale, pv_accum_dtype, smooth_k, False, return_lse,
                          only_archs=frozenset({(9, 0)}))

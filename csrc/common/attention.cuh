@@ -304,11 +304,13 @@ __device__ __forceinline__ float quad_sum(float x) {
 // The epilogue of a lane's rows `row` and row + 8 of the head: normalize the P·V accumulators o
 // (the m16n8 layout: o[n][2i + e] is channel 8n + 2t + e of row + 8i), undo the FP8 V scale, add V's mean back, store
 // rows < nq and channels < d in the caller's layout, and the LSE. kFp8: o and l are both in units of the stretched P,
-// so o / l is already in V's quantized units.
+// so o / l is already in V's quantized units. l is this lane's part of the row sums (summed over the quad here);
+// `sums`, where given, are the whole sums that normalize o instead (the sm90 kernel's, from the tensor cores), and l
+// then serves the LSE alone.
 template <bool kFp8, int D, typename T>
 __device__ __forceinline__ void store_rows(const AttentionParams& p, T* out, int64_t k_head, int64_t q_head, int row,
                                            int t, const float (&o)[D / 8][4], const float (&m)[2],
-                                           const float (&l)[2]) {
+                                           const float (&l)[2], const float* sums = nullptr) {
   // The V scale and mean of this lane's channels (both rows use them), loaded before any use so that their L2
   // round trips overlap; the arrays are d_pad long, so channels past d read padding.
   float2 v_scale[D / 8], v_mean[D / 8];
@@ -320,7 +322,8 @@ __device__ __forceinline__ void store_rows(const AttentionParams& p, T* out, int
   }
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    const float sum = quad_sum(l[i]);  // kFp8: stretched by 448
+    const float lse_sum = p.lse != nullptr || sums == nullptr ? quad_sum(l[i]) : 0.f;  // kFp8: stretched by 448
+    const float sum = sums != nullptr ? sums[i] : lse_sum;
     const int r = row + 8 * i;
     const float inv = sum > 0.f ? 1.f / sum : 0.f;  // rows without keys: 0 (and LSE -inf)
     if (r >= p.nq) continue;
@@ -340,7 +343,7 @@ __device__ __forceinline__ void store_rows(const AttentionParams& p, T* out, int
     }
     if (p.lse != nullptr && t == 0) {
       // sum is of exp2(x - shift), shift = p_shift(m)
-      p.lse[q_head * p.nq + r] = sum > 0.f ? (p_shift<kFp8>(m[i]) + __log2f(sum)) * kLn2 : -INFINITY;
+      p.lse[q_head * p.nq + r] = lse_sum > 0.f ? (p_shift<kFp8>(m[i]) + __log2f(lse_sum)) * kLn2 : -INFINITY;
     }
   }
 }

@@ -6,8 +6,9 @@
 // shared-memory stages; the warpgroup gives its registers up), warpgroups 1 and 2 are consumers of 64 rows each. A
 // consumer first quantizes its Q rows to INT8 in shared memory (the scales stay in registers; no separate pass over
 // Q). Per tile it runs S = Q·K^T (wgmma m64n128k32 s8, both operands in shared memory), the online softmax on S in
-// registers, and O += P·V (wgmma m64nDk32 e4m3, P from registers, V^T in shared memory) overlapped with the next
-// tile's softmax, then frees the stage.
+// registers, and O += P·V (wgmma m64n(D+8)k32 e4m3, P from registers, V^T in shared memory) overlapped with the next
+// tile's softmax, then frees the stage. Each V^T stage is followed by 8 rows of ones, so the P·V's last 8 columns
+// are P's row sums: the tensor cores add them up (no adds in the softmax), from P as rounded to e4m3, as O is.
 // The accumulator layout per warp is that of mma.sync m16n8 (rows g and g + 8 of the warp's 16, columns 2t, 2t + 1
 // of every 8-column slice) and the 8-bit A-register layout that of mma.sync m16n8k32, so prepare()'s quantization
 // groups and FP8 key order (fp8_key_slot) serve this kernel unchanged (csrc/common/attention.cuh explains them).
@@ -34,12 +35,13 @@ struct Layout {
   static constexpr int kQ16Bytes = kRows * D * 2;  // 16-bit Q as copied, in boxes of 64 columns (128-byte rows)
   static constexpr int kQBytes = kRows * D;
   static constexpr int kKBytes = kKeys * D;
-  static constexpr int kVBytes = D * kKeys;
+  static constexpr int kVBytes = D * kKeys;                  // V^T as copied
+  static constexpr int kVStage = kVBytes + 8 * kKeys;        // and 8 rows of ones (e4m3 1.0) after it
   // each region starts 1024-aligned: a swizzle atom's pattern follows its address bits
   static constexpr int kQOff = 0;
   static constexpr int kKOff = kQOff + kQBytes;
   static constexpr int kVOff = kKOff + kStages * kKBytes;
-  static constexpr int kQ16Off = kVOff + kStages * kVBytes;
+  static constexpr int kQ16Off = kVOff + kStages * kVStage;
   static constexpr int kBarOff = kQ16Off + kQ16Bytes;
   static constexpr int kRedOff = kBarOff + 256;  // per-block Q maxima: [item parity][8 warps]
   static constexpr int kSmem = kBarOff + 1024 + 1024;  // barriers, and slack to align the dynamic base to 1024
@@ -56,10 +58,12 @@ __device__ __forceinline__ int swizzled(int row, int byte) {
 // INT8-quantizes this thread's Q rows `row` and row + 8 of the item (rows of the m16n8k32 A layout: bytes 4t..4t+3
 // and 16+4t..+3 of every 32) from the 16-bit copy q16 into q8 (rows of D bytes, swizzled as the Q·K^T descriptor
 // reads them) and returns their scale. The arithmetic and the scale groups (sageattention/quant_groups.py: a
-// thread's two rows, a warp's 16, the item's 128) are prepare()'s, so the INT8 values and scales are the same.
-// red is the per-block exchange of this item's parity.
+// thread's two rows, a warp's 16, the item's 128) are prepare()'s, so the INT8 values and scales are the same;
+// `negate` stores -Q's (the INT8 range is symmetric), so that a negative sm_scale becomes a positive one and the
+// scores keep their order (softmax_tile). red is the per-block exchange of this item's parity.
 template <int D, typename T>
-__device__ __forceinline__ float quantize_q(const uint8_t* q16, uint8_t* q8, int row, int t, int gran, uint32_t* red) {
+__device__ __forceinline__ float quantize_q(const uint8_t* q16, uint8_t* q8, int row, int t, int gran, bool negate,
+                                            uint32_t* red) {
   // piece p: 4 elements of row `row` + 8 * (p / kHalf) at column 32 * (p / 2 % (D / 32)) + 16 * (p % 2) + 4t
   constexpr int kPieces = 4 * (D / 32), kHalf = kPieces / 2;
   auto piece_row = [&](int p) { return row + 8 * (p / kHalf); };
@@ -89,7 +93,7 @@ __device__ __forceinline__ float quantize_q(const uint8_t* q16, uint8_t* q8, int
   const uint16_t top = static_cast<uint16_t>(mbits);
   const float mx = mbits >= kInfBits<T> ? __int_as_float(0x7fffffff) : to_float(*reinterpret_cast<const T*>(&top));
   const float scale = int8_scale(mx);
-  const float inv = 1.f / scale;
+  const float inv = (negate ? -1.f : 1.f) / scale;
 #pragma unroll
   for (int p = 0; p < kPieces; ++p) {
     float v[4];
@@ -100,15 +104,89 @@ __device__ __forceinline__ float quantize_q(const uint8_t* q16, uint8_t* q8, int
   return scale;
 }
 
-// Issues d (+)= P·V over a tile's 128 keys (four k32 steps, V^T from the stage at v_smem); `fresh` overwrites d
-// (the tile accumulator of two-level accumulation) instead of adding to it. The caller commits and waits.
+// Issues d (+)= P·[V | 1] over a tile's 128 keys (four k32 steps, V^T and its rows of ones from the stage at v_smem):
+// columns D..D+7 of d get P's row sums. d is overwritten (the tile accumulator of two-level accumulation). The
+// caller commits and waits.
 template <int D>
-__device__ __forceinline__ void pv_issue(float (&d)[D / 2], const uint32_t (&a)[4][4], uint32_t v_smem, bool fresh) {
+__device__ __forceinline__ void pv_issue(float (&d)[D / 2 + 4], const uint32_t (&a)[4][4], uint32_t v_smem) {
 #pragma unroll
   for (int s = 0; s < 4; ++s) {
     const uint64_t desc = smem_desc<128>(v_smem + 32 * s);
-    if constexpr (D == 128) wgmma_e4m3_m64n128k32(d, a[s], desc, !fresh || s > 0);
-    else wgmma_e4m3_m64n64k32(d, a[s], desc, !fresh || s > 0);
+    if constexpr (D == 128) wgmma_e4m3_m64n136k32(d, a[s], desc, s > 0);
+    else wgmma_e4m3_m64n72k32(d, a[s], desc, s > 0);
+  }
+}
+
+// v[k] becomes max(v[k], v[k + W]), k < W: four of these (W = 8, 4, 2, 1) reduce 16 values in a tree of depth 4
+// instead of a chain of 15 compares that wait on one another.
+template <int W>
+__device__ __forceinline__ void fold_max(int (&v)[16]) {
+#pragma unroll
+  for (int k = 0; k < W; ++k) v[k] = max(v[k], v[k + W]);
+}
+
+// The online softmax of a tile for this lane's rows g and g + 8 (a row's 128 scores live in the 4 lanes of a quad):
+// the INT32 scores sc become x = P = exp2(sc * qs * ks - shift), stretched by 448 for e4m3 (ks[h]: the K scale of
+// keys 64h..64h+63; qs >= 0: the Q scale times |sm_scale| * log2(e), quantize_q having negated Q for a negative
+// sm_scale); m is the rows' running max, alpha rescales what was accumulated before. The row sums that normalize O
+// come from the tensor cores (pv_issue), of P as rounded to e4m3; where the LSE is asked for (`lse_sums`), l also
+// sums P in fp32 (clamped at 448 as e4m3 saturates), this lane's part of each row: the LSE of exact attention.
+// A tile that needs no mask takes the row max on the integers of each K-scale period, scales it once, rounded down
+// so that no score's exact product exceeds it, and dequantizes and shifts each score in one FMA. P's peak is then
+// 448 or a hair over, which e4m3 saturates to 448, and the sums count P as saturated: even at scores of 1e37, where
+// the max's ulp is huge, the row stays normalized. Tiles at the end of the keys or on the causal diagonal
+// (`masked`, warp-uniform) dequantize first and mask. The branch holds no shuffle: ptxas serializes the warpgroup
+// MMAs of a loop whose shuffles sit in a divergent path.
+__device__ __forceinline__ void softmax_tile(const int (&sc)[64], float qs, const float (&ks)[2], bool masked,
+                                             bool lse_sums, int key0, int t, int row, const AttentionParams& p,
+                                             float (&x)[16][4], float (&m)[2], float (&l)[2], float (&alpha)[2]) {
+  const float s[2] = {qs * ks[0], qs * ks[1]};
+  float f[2], mx[2];  // x's factor in the exponent's FMA: s, or 1 where x is already dequantized
+  if (masked) {
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) x[j][e] = static_cast<float>(sc[4 * j + e]) * s[j / 8];
+    mask_scores<16>(x, key0, t, row, p);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      mx[i] = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < 16; ++j) mx[i] = fmaxf(mx[i], fmaxf(x[j][2 * i], x[j][2 * i + 1]));
+    }
+    f[0] = f[1] = 1.f;
+  } else {
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) x[j][e] = static_cast<float>(sc[4 * j + e]);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        int v[16];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v[2 * j] = sc[4 * (8 * h + j) + 2 * i], v[2 * j + 1] = sc[4 * (8 * h + j) + 2 * i + 1];
+        fold_max<8>(v), fold_max<4>(v), fold_max<2>(v), fold_max<1>(v);
+        const float c = __fmul_rd(static_cast<float>(v[0]), s[h]);
+        mx[i] = h == 0 ? c : fmaxf(mx[i], c);
+      }
+    }
+    f[0] = s[0], f[1] = s[1];
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const float shift = online_max<true>(mx[i], m[i], alpha[i]);
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+      for (int e = 2 * i; e < 2 * i + 2; ++e) x[j][e] = exp2_approx(fmaf(x[j][e], f[j / 8], -shift));
+    if (lse_sums) {
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < 16; ++j) sum += fminf(x[j][2 * i], 448.f) + fminf(x[j][2 * i + 1], 448.f);
+      l[i] = l[i] * alpha[i] + sum;
+    }
   }
 }
 
@@ -135,11 +213,12 @@ __host__ __device__ inline int work_items(const AttentionParams& p) {
   return (p.nq + kRows - 1) / kRows * p.hq * p.batch;
 }
 
-// kTwoLevel: each tile's P·V goes to a fresh fp32 accumulator that is added to o (upstream's "fp32+fp32"; the tensor
-// cores' FP8 accumulation keeps fewer bits than fp32 across many tiles); otherwise P·V accumulates in o directly.
+// Two-level accumulation: each tile's P·V goes to a fresh fp32 accumulator that is added to o (upstream's
+// "fp32+fp32"; the tensor cores' FP8 accumulation keeps fewer bits than fp32 across many tiles). Every accumulation
+// mode runs it: with P·V straight into o, ptxas serialized the warpgroup MMAs once o also held the row sums (C7514).
 // Persistent: program i runs items i, i + gridDim.x, ...; the K/V ring and its barrier phases run on across items,
 // so the producer loads the next item's Q and first tiles while the consumers finish the current one.
-template <int D, typename T, bool kTwoLevel>
+template <int D, typename T>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_sm90_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                           const __grid_constant__ CUtensorMap v_map, const AttentionParams p) {
@@ -157,6 +236,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     mbar_init(q_full, 1), mbar_init(q_empty, 2 * 128);
     mbar_init_fence();
   }
+  // the rows of ones after each V^T stage (the copy engine never writes them), seen by the tensor cores' proxy
+  for (int i = threadIdx.x; i < L::kStages * 2 * kKeys; i += kThreads)
+    reinterpret_cast<uint32_t*>(smem + L::kVOff + L::kVBytes + (i / (2 * kKeys)) * L::kVStage)[i % (2 * kKeys)] =
+        0x38383838u;
+  fence_proxy_async();
   __syncthreads();
 
   const int wg = threadIdx.x / 128;
@@ -176,7 +260,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (round > 0) mbar_wait(&empty[s], (round - 1) & 1);
         mbar_arrive_expect_tx(&full[s], L::kKBytes + L::kVBytes);
         tma_load_3d(smem + L::kKOff + s * L::kKBytes, &k_map, 0, tile * kKeys, wk.kv_head, &full[s]);
-        tma_load_3d(smem + L::kVOff + s * L::kVBytes, &v_map, tile * kKeys, 0, wk.kv_head, &full[s]);
+        tma_load_3d(smem + L::kVOff + s * L::kVStage, &v_map, tile * kKeys, 0, wk.kv_head, &full[s]);
       }
     }
     return;
@@ -186,8 +270,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int wrow = (wg - 1) * 64 + (threadIdx.x % 128) / 32 * 16 + g;  // this lane's rows: wrow and wrow + 8
   const uint32_t q_smem = ptx::smem_addr(smem + L::kQOff + (wg - 1) * 64 * D);
-  auto v_smem = [&](int stage) { return ptx::smem_addr(smem + L::kVOff + stage * L::kVBytes); };
-  float acc[kTwoLevel ? D / 2 : 1];  // two-level: the previous tile's P·V until it is added to o
+  auto v_smem = [&](int stage) { return ptx::smem_addr(smem + L::kVOff + stage * L::kVStage); };
+  constexpr int kOut = D / 2 + 4;     // P·[V | 1] accumulators per thread: D / 8 + 1 slices of 4
+  float acc[kOut];                    // the previous tile's P·V until it is added to o
   uint32_t pa[4][4];                 // the previous tile's P, read by its P·V while this tile's softmax runs
   int ring = 0;                      // tiles consumed so far, as the producer counts them
 
@@ -195,21 +280,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     const Work wk = work_item(w, p);
     const int row0 = wk.row0;
     const int64_t q_head = wk.q_head, k_head = wk.kv_head;
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-    float o[D / 8][4] = {};  // the m16n8 layout: channels 8n + 2t + {0, 1} of rows g and g + 8
-    float(&o_flat)[D / 2] = reinterpret_cast<float(&)[D / 2]>(o);
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // l: the LSE's sums (softmax_tile)
+    // the m16n8 layout: channels 8n + 2t + {0, 1} of rows g and g + 8; slice D / 8 holds the rows' sums of P
+    float o[D / 8 + 1][4] = {};
+    float(&o_flat)[kOut] = reinterpret_cast<float(&)[kOut]>(o);
     auto issue_pv = [&](int stage) {  // the previous tile's P·V, in flight until finish_pv
-      if constexpr (kTwoLevel) pv_issue<D>(acc, pa, v_smem(stage), true);
-      else pv_issue<D>(o_flat, pa, v_smem(stage), false);
+      pv_issue<D>(acc, pa, v_smem(stage));
       wgmma_commit();
     };
-    auto finish_pv = [&](int stage) {  // waits for it, frees its stage, and (two-level) adds it to o
+    auto finish_pv = [&](int stage) {  // waits for it, frees its stage, and adds it to o
       wgmma_wait<0>();
       mbar_arrive(&empty[stage]);  // this thread's MMAs of the stage have completed
-      if constexpr (kTwoLevel) {
 #pragma unroll
-        for (int i = 0; i < D / 2; ++i) o_flat[i] += acc[i];
-      }
+      for (int i = 0; i < kOut; ++i) o_flat[i] += acc[i];
     };
     // K scales of a tile's two 64-key quantization periods (keys past nk_pad are masked), loaded a tile ahead
     auto load_ks = [&](int tile, float (&ks)[2]) {
@@ -223,9 +306,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     load_ks(0, ks_next);
     mbar_wait(q_full, k & 1);
     // this warpgroup's INT8 Q rows are free: its last item's MMAs have all completed
-    const float qs = quantize_q<D, T>(smem + L::kQ16Off, smem + L::kQOff, wrow, t, p.q_gran,
+    const float qs = quantize_q<D, T>(smem + L::kQ16Off, smem + L::kQOff, wrow, t, p.q_gran, p.scale_log2 < 0.f,
                                       reinterpret_cast<uint32_t*>(smem + L::kRedOff) + 8 * (k & 1)) *
-                     p.scale_log2;
+                     fabsf(p.scale_log2);
     named_barrier(wg, 128);  // the warpgroup's rows are all written before its MMAs read them
     if (wk.n_tiles == 0) mbar_arrive(q_empty);
 
@@ -257,23 +340,15 @@ __global__ void __launch_bounds__(kThreads, 1)
 
       const bool needs_mask =
           key0 + kKeys > p.nk || (p.causal && key0 + kKeys - 1 > row0 + wrow - g + p.causal_offset);
-      // scores in log2 units, masked; online softmax per row (a row's 128 scores live in the 4 lanes of a quad).
-      // (Fusing the dequantization into the exp2's FMA, with the max taken on the raw scores, breaks at huge scores:
-      // the rounded max then differs from the fused product by up to half its ulp, so P's peak leaves [0, 448].)
       float x[16][4], alpha[2];
-#pragma unroll
-      for (int j = 0; j < 16; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) x[j][e] = static_cast<float>(sc[4 * j + e]) * (qs * ks[j / 8]);
-      if (needs_mask) mask_scores<16>(x, key0, t, row0 + wrow, p);
-      softmax_step<16, true, D == 64 ? 4 : 1>(x, m, l, alpha);
+      softmax_tile(sc, qs, ks, needs_mask, p.lse != nullptr, key0, t, row0 + wrow, p, x, m, l, alpha);
 
       if (tile > 0) {  // tile 0: o is still zero
         finish_pv(prev);
         // once the row maxima settle (long sequences) alpha is exactly 1 for the whole warp: skip the multiplies
         if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
-          for (int i = 0; i < D / 2; ++i) o_flat[i] *= alpha[(i % 4) / 2];
+          for (int i = 0; i < kOut; ++i) o_flat[i] *= alpha[(i % 4) / 2];
         }
       }
       pack_p_e4m3<16>(x, pa);
@@ -286,8 +361,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     ring += wk.n_tiles;
 
+    const float sums[2] = {o[D / 8][0], o[D / 8][2]};  // every lane of the quad holds its rows' whole sums
     store_rows<true, D, T>(p, static_cast<T*>(p.out) + wk.b * p.o_sb + wk.h * p.o_sh, k_head, q_head, row0 + wrow, t,
-                           o, m, l);
+                           reinterpret_cast<const float(&)[D / 8][4]>(o), m, l, sums);
   }
 }
 
@@ -298,9 +374,9 @@ struct TensorMaps {
   CUtensorMap q, k, v;
 };
 
-template <int D, typename T, bool kTwoLevel>
+template <int D, typename T>
 void launch_attention_sm90(const TensorMaps& maps, const AttentionParams& p, cudaStream_t stream) {
-  constexpr auto kernel = attention_sm90_kernel<D, T, kTwoLevel>;
+  constexpr auto kernel = attention_sm90_kernel<D, T>;
   raise_dynamic_smem<kernel>(Layout<D>::kSmem);
   // One program per SM, each running several items (all items take equally long). Causal items differ in length:
   // one program each, so the hardware hands the next item to whichever SM frees first.
@@ -312,17 +388,12 @@ void launch_attention_sm90(const TensorMaps& maps, const AttentionParams& p, cud
   kernel<<<grid, kThreads, Layout<D>::kSmem, stream>>>(maps.q, maps.k, maps.v, p);
 }
 
-// One instantiation per padded head_dim (attention_d64.cu, attention_d128.cu).
+// One instantiation per padded head_dim (attention_d64.cu, attention_d128.cu). Every p.pv_accum runs two-level
+// (at least the precision asked for).
 template <int D>
 void run_attention_sm90(const TensorMaps& maps, const AttentionParams& p, DType dtype, cudaStream_t stream) {
-  const bool two_level = p.pv_accum != kAccF32;  // kAccF16Inner, which this kernel lacks, runs two-level
-  if (dtype == kBF16) {
-    if (two_level) launch_attention_sm90<D, __nv_bfloat16, true>(maps, p, stream);
-    else launch_attention_sm90<D, __nv_bfloat16, false>(maps, p, stream);
-  } else {
-    if (two_level) launch_attention_sm90<D, half, true>(maps, p, stream);
-    else launch_attention_sm90<D, half, false>(maps, p, stream);
-  }
+  if (dtype == kBF16) launch_attention_sm90<D, __nv_bfloat16>(maps, p, stream);
+  else launch_attention_sm90<D, half>(maps, p, stream);
 }
 
 }  // namespace sage::sm90

@@ -80,11 +80,11 @@ TensorMaps tensor_maps(const AttentionParams& p, int d_pad) {
 }  // namespace
 }  // namespace sage::sm90
 
-// FP8 P·V on warpgroup MMAs. pv_accum: fp32, or two-level (kAccF16Inner, which this kernel lacks, runs two-level).
+// FP8 P·V on warpgroup MMAs, two-level accumulation whatever pv_accum asks (at least its precision).
 void sage::attention_pv8(const AttentionParams& p, DType dtype, int d_pad, cudaStream_t stream) {
   const sm90::TensorMaps maps = sm90::tensor_maps(p, d_pad);
   if (d_pad == 64) sm90::run_attention_sm90<64>(maps, p, dtype, stream);
   else sm90::run_attention_sm90<128>(maps, p, dtype, stream);
 }
 
-bool sage::module_runs_on_current_device() { return has_device_code<sm90::attention_sm90_kernel<64, half, true>>(); }
+bool sage::module_runs_on_current_device() { return has_device_code<sm90::attention_sm90_kernel<64, half>>(); }
