@@ -129,17 +129,19 @@ __device__ __forceinline__ void fold_max(int (&v)[16]) {
 // the INT32 scores sc become x = P = exp2(sc * qs * ks - shift), stretched by 448 for e4m3 (ks[h]: the K scale of
 // keys 64h..64h+63; qs >= 0: the Q scale times |sm_scale| * log2(e), quantize_q having negated Q for a negative
 // sm_scale); m is the rows' running max, alpha rescales what was accumulated before. The row sums that normalize O
-// come from the tensor cores (pv_issue), of P as rounded to e4m3; where the LSE is asked for (`lse_sums`), l also
-// sums P in fp32 (clamped at 448 as e4m3 saturates), this lane's part of each row: the LSE of exact attention.
+// come from the tensor cores (pv_issue), of P as rounded to e4m3; where the LSE is asked for (kLse), l also sums P
+// in fp32 (clamped at 448 as e4m3 saturates), this lane's part of each row: the LSE of exact attention. (A template
+// parameter: even skipped at run time, those sums cost 8-15 % of the kernel's speed, session 18.)
 // A tile that needs no mask takes the row max on the integers of each K-scale period, scales it once, rounded down
 // so that no score's exact product exceeds it, and dequantizes and shifts each score in one FMA. P's peak is then
 // 448 or a hair over, which e4m3 saturates to 448, and the sums count P as saturated: even at scores of 1e37, where
 // the max's ulp is huge, the row stays normalized. Tiles at the end of the keys or on the causal diagonal
 // (`masked`, warp-uniform) dequantize first and mask. The branch holds no shuffle: ptxas serializes the warpgroup
 // MMAs of a loop whose shuffles sit in a divergent path.
+template <bool kLse>
 __device__ __forceinline__ void softmax_tile(const int (&sc)[64], float qs, const float (&ks)[2], bool masked,
-                                             bool lse_sums, int key0, int t, int row, const AttentionParams& p,
-                                             float (&x)[16][4], float (&m)[2], float (&l)[2], float (&alpha)[2]) {
+                                             int key0, int t, int row, const AttentionParams& p, float (&x)[16][4],
+                                             float (&m)[2], float (&l)[2], float (&alpha)[2]) {
   const float s[2] = {qs * ks[0], qs * ks[1]};
   float f[2], mx[2];  // x's factor in the exponent's FMA: s, or 1 where x is already dequantized
   if (masked) {
@@ -181,7 +183,7 @@ __device__ __forceinline__ void softmax_tile(const int (&sc)[64], float qs, cons
     for (int j = 0; j < 16; ++j)
 #pragma unroll
       for (int e = 2 * i; e < 2 * i + 2; ++e) x[j][e] = exp2_approx(fmaf(x[j][e], f[j / 8], -shift));
-    if (lse_sums) {
+    if constexpr (kLse) {
       float sum = 0.f;
 #pragma unroll
       for (int j = 0; j < 16; ++j) sum += fminf(x[j][2 * i], 448.f) + fminf(x[j][2 * i + 1], 448.f);
@@ -218,7 +220,8 @@ __host__ __device__ inline int work_items(const AttentionParams& p) {
 // mode runs it: with P·V straight into o, ptxas serialized the warpgroup MMAs once o also held the row sums (C7514).
 // Persistent: program i runs items i, i + gridDim.x, ...; the K/V ring and its barrier phases run on across items,
 // so the producer loads the next item's Q and first tiles while the consumers finish the current one.
-template <int D, typename T>
+// kLse: the call asks for the LSE (p.lse), which needs fp32 row sums besides the tensor cores' (softmax_tile).
+template <int D, typename T, bool kLse>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_sm90_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                           const __grid_constant__ CUtensorMap v_map, const AttentionParams p) {
@@ -341,7 +344,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const bool needs_mask =
           key0 + kKeys > p.nk || (p.causal && key0 + kKeys - 1 > row0 + wrow - g + p.causal_offset);
       float x[16][4], alpha[2];
-      softmax_tile(sc, qs, ks, needs_mask, p.lse != nullptr, key0, t, row0 + wrow, p, x, m, l, alpha);
+      softmax_tile<kLse>(sc, qs, ks, needs_mask, key0, t, row0 + wrow, p, x, m, l, alpha);
 
       if (tile > 0) {  // tile 0: o is still zero
         finish_pv(prev);
@@ -374,9 +377,9 @@ struct TensorMaps {
   CUtensorMap q, k, v;
 };
 
-template <int D, typename T>
+template <int D, typename T, bool kLse>
 void launch_attention_sm90(const TensorMaps& maps, const AttentionParams& p, cudaStream_t stream) {
-  constexpr auto kernel = attention_sm90_kernel<D, T>;
+  constexpr auto kernel = attention_sm90_kernel<D, T, kLse>;
   raise_dynamic_smem<kernel>(Layout<D>::kSmem);
   // One program per SM, each running several items (all items take equally long). Causal items differ in length:
   // one program each, so the hardware hands the next item to whichever SM frees first.
@@ -392,8 +395,14 @@ void launch_attention_sm90(const TensorMaps& maps, const AttentionParams& p, cud
 // (at least the precision asked for).
 template <int D>
 void run_attention_sm90(const TensorMaps& maps, const AttentionParams& p, DType dtype, cudaStream_t stream) {
-  if (dtype == kBF16) launch_attention_sm90<D, __nv_bfloat16>(maps, p, stream);
-  else launch_attention_sm90<D, half>(maps, p, stream);
+  const bool lse = p.lse != nullptr;
+  if (dtype == kBF16) {
+    if (lse) launch_attention_sm90<D, __nv_bfloat16, true>(maps, p, stream);
+    else launch_attention_sm90<D, __nv_bfloat16, false>(maps, p, stream);
+  } else {
+    if (lse) launch_attention_sm90<D, half, true>(maps, p, stream);
+    else launch_attention_sm90<D, half, false>(maps, p, stream);
+  }
 }
 
 }  // namespace sage::sm90
