@@ -99,23 +99,6 @@ def _route(fn_name, device, cap, plan, *, b, hq, nq, nk, d, is_causal, causal_of
     return "compiled", family
 
 
-def _setup(fn_name, device, cap, shape, is_causal, causal_offset, masked, qk_quant_gran, pv_fp8, pv_accum_dtype,
-           accum_choices, smooth_k, smooth_v, return_lse, dropout_p, kernels, only_archs):
-    """Everything a call decides from its arguments but the tensors and sm_scale: the remaining argument checks, the
-    plan and the route; (plan, backend, detail). shape: (B, Hq, Nq, Nk, D)."""
-    plan = resolve_plan(fn_name, cap, qk_quant_gran=qk_quant_gran or SAGEATTN_GRAN, pv_fp8=pv_fp8,
-                        pv_accum_dtype=pv_accum_dtype, accum_choices=accum_choices, smooth_k=smooth_k,
-                        smooth_v=smooth_v)
-    inputs.check_dropout(dropout_p)
-    dispatch.check_supported(device, needs_fp8=plan.pv_fp8, only=only_archs)
-    b, hq, nq, nk, d = shape
-    backend, detail = _route(fn_name, device, cap, plan, b=b, hq=hq, nq=nq, nk=nk, d=d, is_causal=is_causal,
-                             causal_offset=causal_offset, masked=masked, return_lse=return_lse, kernels=kernels)
-    if backend == "compiled" and qk_quant_gran is None:
-        plan = dataclasses.replace(plan, qk_quant_gran=SAGEATTN_GRAN_COMPILED)
-    return plan, backend, detail
-
-
 def _prepare(fn_name, q, k, v, *, tensor_layout, is_causal, sm_scale, qk_quant_gran, pv_fp8, pv_accum_dtype,
              accum_choices, smooth_k, smooth_v, return_lse, attn_mask=None, dropout_p=0.0, kernels="auto",
              only_archs=None):
@@ -130,11 +113,18 @@ def _prepare(fn_name, q, k, v, *, tensor_layout, is_causal, sm_scale, qk_quant_g
         raise ValueError(f"{fn_name}: gradients with respect to attn_mask are not supported; pass attn_mask.detach()")
     scale = inputs.resolve_sm_scale(sm_scale, q.shape[-1])
     device = q.device
-    plan, backend, detail = _setup(
-        fn_name, device, dispatch.capability(device), (b, hq, nq, nk, q.shape[-1]), is_causal, causal_offset,
-        mask is not None, qk_quant_gran, pv_fp8, pv_accum_dtype, accum_choices, smooth_k, smooth_v, bool(return_lse),
-        dropout_p, kernels, only_archs)
+    cap = dispatch.capability(device)
+    plan = resolve_plan(fn_name, cap, qk_quant_gran=qk_quant_gran or SAGEATTN_GRAN, pv_fp8=pv_fp8,
+                        pv_accum_dtype=pv_accum_dtype, accum_choices=accum_choices, smooth_k=smooth_k,
+                        smooth_v=smooth_v)
+    inputs.check_dropout(dropout_p)
+    dispatch.check_supported(device, needs_fp8=plan.pv_fp8, only=only_archs)
     return_lse = bool(return_lse)
+    backend, detail = _route(fn_name, device, cap, plan, b=b, hq=hq, nq=nq, nk=nk, d=q.shape[-1], is_causal=is_causal,
+                             causal_offset=causal_offset, masked=mask is not None, return_lse=return_lse,
+                             kernels=kernels)
+    if backend == "compiled" and qk_quant_gran is None:
+        plan = dataclasses.replace(plan, qk_quant_gran=SAGEATTN_GRAN_COMPILED)
     if backend == "sdpa":
         def run(q, k, v):
             return fallback.sdpa(q, k, v, tensor_layout, is_causal, causal_offset, scale)

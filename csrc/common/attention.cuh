@@ -147,7 +147,7 @@ __device__ __forceinline__ void pv_16bit(const float (&x)[kMT][8][4], uint32_t v
   });
 }
 
-// P of a tile (e4m3, already stretched by softmax_step<J, true>) in the 8-bit A-register layout of mma.sync
+// P of a tile (e4m3, already stretched by softmax_step<J, true> or sm90's softmax_tile) in the 8-bit A-register layout of mma.sync
 // m16n8k32, which wgmma's register A shares: a[s] is the k32 step s (keys 32s..32s+31, slices 4s..4s+3), register i
 // holds row g (i even) or g + 8 (i odd) of its first or second 16 keys (i / 2).
 template <int J>
@@ -263,35 +263,24 @@ __device__ __forceinline__ float online_max(float mx, float& m, float& alpha) {
 // One online-softmax step for a lane's two rows (g and g + 8) over J 8-key slices of a tile, the 4 lanes of a quad
 // holding a row between them: x (scores in log2 units) becomes P = exp2(x - max) (times 448 where kStretch); m and
 // l are the rows' running max and sum (of P as stretched); alpha as online_max.
-// kChains > 1 runs the row max and sum in that many independent partial results per row, combined at the end, instead
-// of one running value that makes every max and add wait on the one before (sm90 at head_dim 64: 3-5 % faster; at
-// 128 4 % slower, its MIO and math-pipe stalls up, not yet understood: docs/benchmarks.md, session 16).
-template <int J, bool kStretch = false, int kChains = 1>
+template <int J, bool kStretch = false>
 __device__ __forceinline__ void softmax_step(float (&x)[J][4], float (&m)[2], float (&l)[2], float (&alpha)[2]) {
-  static_assert(J % kChains == 0, "whole chains");
-  float mx[2][kChains], sum[2][kChains];
-#pragma unroll
-  for (int i = 0; i < 2; ++i)
-#pragma unroll
-    for (int c = 0; c < kChains; ++c) mx[i][c] = -INFINITY, sum[i][c] = 0.f;
+  float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
   for (int j = 0; j < J; ++j)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) mx[e / 2][j % kChains] = fmaxf(mx[e / 2][j % kChains], x[j][e]);
+    for (int e = 0; e < 4; ++e) mx[e / 2] = fmaxf(mx[e / 2], x[j][e]);
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-#pragma unroll
-    for (int c = 1; c < kChains; ++c) mx[i][0] = fmaxf(mx[i][0], mx[i][c]);
-    const float shift = online_max<kStretch>(mx[i][0], m[i], alpha[i]);
+    const float shift = online_max<kStretch>(mx[i], m[i], alpha[i]);
+    float sum = 0.f;
 #pragma unroll
     for (int j = 0; j < J; ++j) {
       x[j][2 * i] = exp2_approx(x[j][2 * i] - shift);
       x[j][2 * i + 1] = exp2_approx(x[j][2 * i + 1] - shift);
-      sum[i][j % kChains] += x[j][2 * i] + x[j][2 * i + 1];
+      sum += x[j][2 * i] + x[j][2 * i + 1];
     }
-#pragma unroll
-    for (int c = 1; c < kChains; ++c) sum[i][0] += sum[i][c];
-    l[i] = l[i] * alpha[i] + sum[i][0];
+    l[i] = l[i] * alpha[i] + sum;
   }
 }
 

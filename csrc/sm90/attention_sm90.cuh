@@ -240,9 +240,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     mbar_init_fence();
   }
   // the rows of ones after each V^T stage (the copy engine never writes them), seen by the tensor cores' proxy
-  for (int i = threadIdx.x; i < L::kStages * 2 * kKeys; i += kThreads)
-    reinterpret_cast<uint32_t*>(smem + L::kVOff + L::kVBytes + (i / (2 * kKeys)) * L::kVStage)[i % (2 * kKeys)] =
-        0x38383838u;
+  constexpr int kOnesWords = 8 * kKeys / 4;  // 8 rows of kKeys e4m3 bytes, written 4 at a time
+  for (int i = threadIdx.x; i < L::kStages * kOnesWords; i += kThreads)
+    reinterpret_cast<uint32_t*>(smem + L::kVOff + (i / kOnesWords) * L::kVStage + L::kVBytes)[i % kOnesWords] =
+        0x38383838u;  // e4m3 1.0 in each byte
   fence_proxy_async();
   __syncthreads();
 
