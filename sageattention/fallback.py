@@ -17,7 +17,7 @@ import torch
 
 
 MIN_KEYS = 128  # fewer keys than one quantization block of K
-# B * Hq * Nq * Nk * D below this: the quantized path's fixed GPU cost (two preparation launches, ~12 µs on an H100)
+# B * Hq * Nq * Nk * D below this: the quantized path's fixed GPU cost (its preparation launches, ~12 µs on an H100)
 # is about what SDPA needs for the whole call (B1 H16 N1k d64 = 2**30: 30 µs of GPU time against cuDNN's 13,
 # docs/benchmarks.md, session 16)
 MIN_MACS = 1 << 31

@@ -74,7 +74,7 @@ inline bool readable_in_place(const torch::Tensor& t, int64_t d, int64_t d_pad) 
 struct Workspace {
   sage::PrepareParams p{};
   std::vector<std::pair<int64_t, int64_t>> parts;  // (offset, bytes) of q_i8, q_scale, k_i8, k_scale, k_mean,
-                                                  // v_out, v_scale, v_mean, partials
+                                                  // v_out, v_scale, v_mean, partials, counters
   torch::Tensor buffer;
 };
 
@@ -90,19 +90,16 @@ inline Workspace prepare(const Views& x, bool quantize_q, int q_gran, int k_gran
   p.nq_pad = round_up(x.nq, sage::kQBlock), p.nk_pad = round_up(x.nk, sage::kKBlock);
   p.q_gran = q_gran, p.k_gran = k_gran, p.v_mode = v_mode, p.smooth_k = smooth_k, p.smooth_v = smooth_v;
   p.v_fp8_max = v_fp8_max;
-  const int64_t k_blocks = p.nk_pad / sage::kKBlock;
-  // statistics chunks of at least 4 key blocks (the per-chunk reduction costs about as much as reading 256 tokens),
-  // at most 16 per head (every K/V program sums them all)
-  p.n_chunks = static_cast<int>(std::min<int64_t>(16, (k_blocks + 3) / 4));
-  p.chunk_len = static_cast<int>(round_up(k_blocks, p.n_chunks) / p.n_chunks * sage::kKBlock);
+  // statistics chunks of 256 tokens or more, at most 64 per head (the head's last chunk sums them all)
+  p.chunk_len = static_cast<int>(std::max<int64_t>(256, round_up((x.nk + 63) / 64, sage::kKBlock)));
   p.n_chunks = static_cast<int>((x.nk + p.chunk_len - 1) / p.chunk_len);
   const int64_t bq = x.batch * x.hq, bk = x.batch * x.hk;
   const int64_t v_bytes = v_mode == sage::kVFp8 ? bk * p.d_pad * p.nk_pad
                           : v_mode == sage::kV16 ? bk * p.nk_pad * p.d_pad * 2 : 0;
   const int64_t q_rows = quantize_q ? bq * p.nq_pad : 0;
-  const int64_t sizes[9] = {q_rows * p.d_pad, q_rows * 4, bk * p.nk_pad * p.d_pad, bk * p.nk_pad * 4,
-                            bk * p.d_pad * 4, v_bytes, bk * p.d_pad * 4, bk * p.d_pad * 4,
-                            bk * p.n_chunks * 4 * p.d_pad * 4};
+  const int64_t sizes[10] = {q_rows * p.d_pad, q_rows * 4, bk * p.nk_pad * p.d_pad, bk * p.nk_pad * 4,
+                             bk * p.d_pad * 4, v_bytes, bk * p.d_pad * 4, bk * p.d_pad * 4,
+                             bk * p.n_chunks * 4 * p.d_pad * 4, (1 + 4 * bk) * 4};
   int64_t total = 0;
   for (int64_t s : sizes) {
     w.parts.emplace_back(total, s);
@@ -118,6 +115,7 @@ inline Workspace prepare(const Views& x, bool quantize_q, int q_gran, int k_gran
   p.v_scale = v_mode == sage::kVFp8 ? reinterpret_cast<float*>(at(6)) : nullptr;
   p.v_mean = smooth_v ? reinterpret_cast<float*>(at(7)) : nullptr;
   p.partials = reinterpret_cast<float*>(at(8));
+  p.counters = reinterpret_cast<int*>(at(9));
   sage::prepare_qkv(p, x.q.scalar_type() == at::kBFloat16 ? sage::kBF16 : sage::kF16, stream);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return w;

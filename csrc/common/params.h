@@ -38,9 +38,12 @@ struct PrepareParams {
   int q_gran, k_gran, v_mode;
   bool smooth_k, smooth_v;
   float v_fp8_max;      // V^T is scaled to +-v_fp8_max (448, or less where an fp16 accumulator must not overflow)
-  int n_chunks;         // token chunks of the statistics pass (per K/V head)
+  int n_chunks;         // token chunks of the statistics units (per K/V head)
   int chunk_len;        // tokens per chunk, a multiple of kKBlock
-  float* partials;      // [B, Hk, n_chunks, 3, d_pad]: K sums, V absmax, V sums
+  float* partials;      // [B, Hk, n_chunks, 4, d_pad]: K sums, V max, V min, V sums
+  int* counters;        // [1 + 4 B Hk], zeroed per call: the units' ticket, then per head and tensor (K, V) its
+                        // finished statistics chunks, then its ready flag
+  int lag_heads;        // heads between a head's statistics units and its quantization units (set at launch)
   int8_t* q_i8;
   float* q_scale;
   int8_t* k_i8;

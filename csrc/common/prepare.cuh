@@ -1,9 +1,13 @@
-// Fused preparation of Q, K, V for the attention kernels, in two launches:
-//   1. INT8 Q (per-block/warp/thread scales; unless the attention kernel quantizes Q itself), and per-chunk
-//      statistics of K and V (K sums, V max/min/sums);
-//   2. INT8 K minus its token mean, and V: FP8 e4m3 V^T (per-channel scale, optional mean, keys permuted into the
-//      order the FP8 P·V MMA reads) or a padded 16-bit copy.
-// Q, K and V are read from DRAM once by the quantizers; the statistics pass reads K and V once more.
+// Fused preparation of Q, K, V for the attention kernels:
+//   - quantize_q_blocks: INT8 Q blocks (per-block/warp/thread scales; not launched where the attention kernel quantizes Q);
+//   - prepare_kv, one launch of work units per K/V head: statistics chunks (K sums; V max/min/sums), the last of
+//     which also finishes the head's statistics (K mean; V mean and scale), then the head's K blocks (INT8 K minus
+//     its token mean) and V blocks (FP8 e4m3 V^T with a per-channel scale and optional mean, keys permuted into the
+//     order the FP8 P·V MMA reads, or a padded 16-bit copy), which wait for those statistics.
+// Programs take units in the order they start (a ticket from an atomic counter), and a head's quantization units
+// come some heads after its statistics units (p.lag_heads): a waiting program waits only for programs that started
+// before it and wait for nothing, so the launch cannot deadlock whatever the residency, and the quantization units
+// reread K and V mostly from L2.
 // Arithmetic matches sageattention/reference.py operation for operation (fp32, x * (1 / s) with an IEEE reciprocal,
 // round half away from zero), so the INT8 values are bit-exact given the same mean.
 #pragma once
@@ -52,6 +56,17 @@ __device__ __forceinline__ uint4 load8_raw(const Strided& x, int b, int h, int n
     if (c0 + i < d) e[i] = row[c0 + i];
   return raw;
 }
+
+template <typename T>
+struct Packed;
+template <>
+struct Packed<half> {
+  using type = __half2;
+};
+template <>
+struct Packed<__nv_bfloat16> {
+  using type = __nv_bfloat162;
+};
 
 // The N 16-bit values held in raw (a uint2 or uint4), as floats.
 template <typename T, typename Raw, int N>
@@ -105,10 +120,11 @@ __device__ __forceinline__ int group_bits(bool is_q, int gran) {
   return gran == kPerThread ? (R - 1) & ~6 : R - 1;
 }
 
-// INT8-quantizes rows [row0, row0 + R) of head (b, h) into out (rows of d_pad bytes) and per-row scales.
-template <typename T, int R, int DPAD>
+// INT8-quantizes rows [row0, row0 + R) of head (b, h) into out (rows of d_pad bytes) and per-row scales. ready()
+// runs once the block's loads are issued and before mean is read (it may wait for the mean).
+template <typename T, int R, int DPAD, typename Ready>
 __device__ void quantize_block(const Strided& x, int b, int h, int row0, int n_rows, int d, bool vec, bool is_q,
-                               int gran, const float* mean, int8_t* out, float* scale_out) {
+                               int gran, const float* mean, int8_t* out, float* scale_out, Ready ready) {
   constexpr int C = DPAD / 8;                  // 8-element chunks per row
   constexpr int kRowsPerPass = kPrepThreads / C;
   constexpr int kPasses = R / kRowsPerPass;
@@ -124,9 +140,12 @@ __device__ void quantize_block(const Strided& x, int b, int h, int row0, int n_r
     }
   };
 #pragma unroll
+  for (int i = 0; i < kPasses; ++i)
+    raw[i] = load8_raw<T>(x, b, h, row0 + t / C + i * kRowsPerPass, n_rows, chunk * 8, d, vec);
+  ready();
+#pragma unroll
   for (int i = 0; i < kPasses; ++i) {
     const int r = t / C + i * kRowsPerPass;
-    raw[i] = load8_raw<T>(x, b, h, row0 + r, n_rows, chunk * 8, d, vec);
     float v[8], mx = 0.f, bad = 0.f;
     values(i, v);
 #pragma unroll
@@ -213,64 +232,86 @@ __device__ void reduce_channels(float (*red)[kRedStride], const float (&x)[8], f
   }
 }
 
-// Per-chunk statistics of head (b, hk): sums of K / nk, max/min/sums of V / nk over tokens [n0, n0 + len), per
-// channel (the means' terms: the sum of bf16 K or V itself can overflow fp32 where the mean does not).
+// Per-chunk statistics of head (b, hk) over tokens [n0, n0 + chunk_len), per channel: sums of K / nk (of_v false),
+// or max/min/sums of V / nk (the means' terms: the sum of bf16 K or V itself can overflow fp32 where the mean does
+// not). K and V are separate units: either alone keeps few accumulators, so the launch keeps many programs per SM.
 template <typename T, int DPAD>
-__device__ void kv_statistics(const PrepareParams& p, int b, int hk, int chunk_idx) {
+__device__ void kv_statistics(const PrepareParams& p, int b, int hk, int chunk_idx, bool of_v) {
   constexpr int C = DPAD / 8, kRowsPerPass = kPrepThreads / C;
   __shared__ float red[8][kRedStride];
   const int t = threadIdx.x, chunk = t % C;
-  const bool need_v = p.v_mode == kVFp8 || p.smooth_v;
-  float ks[8], vmax[8], vmin[8], vs[8], x[8];
+  const bool needed = of_v ? p.v_mode == kVFp8 || p.smooth_v : p.smooth_k;
+  const Strided& x = of_v ? p.v : p.k;
+  using T2 = typename Packed<T>::type;  // V's extremes are taken on the 16-bit values, two per instruction (exact)
+  const uint32_t inf = kInfBits<T> * 0x10001u;
+  float sum[8], mx[8], mn[8];
+  uint4 hi = make_uint4(inf | 0x80008000u, inf | 0x80008000u, inf | 0x80008000u, inf | 0x80008000u);
+  uint4 lo = make_uint4(inf, inf, inf, inf);
 #pragma unroll
-  for (int e = 0; e < 8; ++e) ks[e] = vs[e] = 0.f, vmax[e] = -INFINITY, vmin[e] = INFINITY;
-  const int n0 = chunk_idx * p.chunk_len, n1 = min(n0 + p.chunk_len, p.nk);
-  const bool kvec = vectorizable(p.k);
-  const bool vvec = vectorizable(p.v);
+  for (int e = 0; e < 8; ++e) sum[e] = 0.f;
+  const int n0 = chunk_idx * p.chunk_len, n1 = needed ? min(n0 + p.chunk_len, p.nk) : n0;
+  const bool vec = vectorizable(x);
   const float inv_n = 1.f / p.nk;
-#pragma unroll 2
+#pragma unroll 4
   for (int n = n0 + t / C; n < n1; n += kRowsPerPass) {
-    if (p.smooth_k) {
-      load8<T>(p.k, b, hk, n, p.nk, chunk * 8, p.d, kvec, x);
+    const uint4 raw = load8_raw<T>(x, b, hk, n, p.nk, chunk * 8, p.d, vec);
+    float y[8];
+    to_floats<T>(raw, y);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) ks[e] += x[e] * inv_n;
-    }
-    if (need_v) {
-      load8<T>(p.v, b, hk, n, p.nk, chunk * 8, p.d, vvec, x);
+    for (int e = 0; e < 8; ++e) sum[e] += y[e] * inv_n;
+    if (of_v) {
+      const T2* r = reinterpret_cast<const T2*>(&raw);
+      T2* h = reinterpret_cast<T2*>(&hi);
+      T2* l = reinterpret_cast<T2*>(&lo);
 #pragma unroll
-      for (int e = 0; e < 8; ++e)
-        vmax[e] = fmaxf(vmax[e], x[e]), vmin[e] = fminf(vmin[e], x[e]), vs[e] += x[e] * inv_n;
+      for (int i = 0; i < 4; ++i) h[i] = __hmax2(h[i], r[i]), l[i] = __hmin2(l[i], r[i]);
     }
   }
+  to_floats<T>(hi, mx);
+  to_floats<T>(lo, mn);
   float* dst = p.partials + ((static_cast<int64_t>(b) * p.hk + hk) * p.n_chunks + chunk_idx) * 4 * DPAD;
-  reduce_channels<DPAD, kSum>(red, ks, dst);
-  reduce_channels<DPAD, kMax>(red, vmax, dst + DPAD);
-  reduce_channels<DPAD, kMin>(red, vmin, dst + 2 * DPAD);
-  reduce_channels<DPAD, kSum>(red, vs, dst + 3 * DPAD);
+  if (!of_v) return reduce_channels<DPAD, kSum>(red, sum, dst);
+  reduce_channels<DPAD, kMax>(red, mx, dst + DPAD);
+  reduce_channels<DPAD, kMin>(red, mn, dst + 2 * DPAD);
+  reduce_channels<DPAD, kSum>(red, sum, dst + 3 * DPAD);
 }
 
-// Reduces the chunk statistics of head (b, hk) into shared memory: means of K and V, and the FP8 V scale.
-// V's mean is kept only on channels where v - mean stays within V's type (a 16-bit P·V stores it there: fp16 V
-// spanning +-65000 would overflow), as reference.usable_v_mean; other channels are not smoothed.
+// The head's statistics from its chunks' (run by the head's last statistics unit of K or of V, once per call):
+// K's mean, or V's mean and FP8 scale, into p.k_mean, p.v_mean, p.v_scale. Each channel's chunks are combined in a
+// fixed order (the threads sharing a channel take every kParts-th chunk, then one of them adds the parts in order),
+// so the result does not depend on scheduling. V's mean is kept only on channels where v - mean stays within V's
+// type (a 16-bit P·V stores it there: fp16 V spanning +-65000 would overflow), as reference.usable_v_mean; other
+// channels are not smoothed.
 template <typename T, int DPAD>
-__device__ void head_statistics(const PrepareParams& p, int b, int hk, float* k_mean, float* v_mean, float* v_scale) {
-  const int c = threadIdx.x;
-  if (c >= DPAD) return;
-  const float* src = p.partials + (static_cast<int64_t>(b) * p.hk + hk) * p.n_chunks * 4 * DPAD;
-  float ks = 0.f, vmax = -INFINITY, vmin = INFINITY, vs = 0.f;
+__device__ void finish_statistics(const PrepareParams& p, int64_t head, bool of_v) {
+  constexpr int kParts = kPrepThreads / DPAD;
+  __shared__ float part[3][kPrepThreads];
+  const int t = threadIdx.x, c = t % DPAD;
+  const float* src = p.partials + head * p.n_chunks * 4 * DPAD + (of_v ? DPAD : 0) + c;
+  float sum = 0.f, mx = -INFINITY, mn = INFINITY;
 #pragma unroll 4
-  for (int i = 0; i < p.n_chunks; ++i) {
+  for (int i = t / DPAD; i < p.n_chunks; i += kParts) {
     const float* s = src + i * 4 * DPAD;
-    ks += s[c], vmax = fmaxf(vmax, s[DPAD + c]), vmin = fminf(vmin, s[2 * DPAD + c]), vs += s[3 * DPAD + c];
+    if (of_v) mx = fmaxf(mx, __ldcg(s)), mn = fminf(mn, __ldcg(s + DPAD)), sum += __ldcg(s + 2 * DPAD);
+    else sum += __ldcg(s);
   }
-  k_mean[c] = p.smooth_k ? ks : 0.f;
-  const float vm = p.smooth_v && fmaxf(vmax - vs, vs - vmin) <= kMaxFinite<T> ? vs : 0.f;
-  v_mean[c] = vm;
+  part[0][t] = sum, part[1][t] = mx, part[2][t] = mn;
+  __syncthreads();
+  if (t >= DPAD) return;
+#pragma unroll
+  for (int i = 1; i < kParts; ++i)
+    sum += part[0][t + i * DPAD], mx = fmaxf(mx, part[1][t + i * DPAD]), mn = fminf(mn, part[2][t + i * DPAD]);
+  if (!of_v) {
+    p.k_mean[head * DPAD + c] = p.smooth_k ? sum : 0.f;
+    return;
+  }
+  const float vm = p.smooth_v && fmaxf(mx - sum, sum - mn) <= kMaxFinite<T> ? sum : 0.f;
+  if (p.v_mean != nullptr) p.v_mean[head * DPAD + c] = vm;
   // max |v - mean| over tokens from the extremes (rounding is monotonic, so this equals the max of the rounded values)
-  float s = fmaxf(vmax - vm, vm - vmin) / p.v_fp8_max;
+  float scale = fmaxf(mx - vm, vm - mn) / p.v_fp8_max;
   // empty or all-equal channels: 1, like the reference
-  s = (c >= p.d || !(s > 0.f)) ? 1.f : s < kMinScale ? kMinScale : s;
-  v_scale[c] = s;
+  scale = (c >= p.d || !(scale > 0.f)) ? 1.f : scale < kMinScale ? kMinScale : scale;
+  if (p.v_scale != nullptr) p.v_scale[head * DPAD + c] = scale;
 }
 
 // FP8 V^T of keys [n0, n0 + kKBlock) of head (b, hk), keys permuted within each 32-key group (kFp8KeySlot).
@@ -280,20 +321,27 @@ __device__ __forceinline__ int fp8_key_slot(int key) {
 }
 
 // Thread t converts key t % 64 of the block, kChunks 8-channel chunks of it: a warp's 32 keys fill 32 consecutive
-// bytes of a V^T row, so its byte stores into the transposed tile hit 8 words, not one bank 16 times.
-template <typename T, int DPAD>
-__device__ void v_to_fp8(const PrepareParams& p, int b, int hk, int n0, const float* mean, const float* scale) {
+// bytes of a V^T row, so its byte stores into the transposed tile hit 8 words, not one bank 16 times. ready() runs
+// once the loads are issued and before mean and scale are read.
+template <typename T, int DPAD, typename Ready>
+__device__ void v_to_fp8(const PrepareParams& p, int b, int hk, int n0, const float* mean, const float* scale,
+                         Ready ready) {
   constexpr int kChunks = DPAD / 8 * kKBlock / kPrepThreads;
   __shared__ __align__(16) uint8_t tile[DPAD][kKBlock];
   const int t = threadIdx.x, r = t % kKBlock;
   const bool vec = vectorizable(p.v);
   const bool live = n0 + r < p.nk;  // padded keys stay exactly 0 (a mean would make them nonzero)
   const int slot = fp8_key_slot(r % 32) + (r / 32) * 32;
+  uint4 raw[kChunks];
+#pragma unroll
+  for (int i = 0; i < kChunks; ++i)
+    raw[i] = load8_raw<T>(p.v, b, hk, n0 + r, p.nk, (t / kKBlock * kChunks + i) * 8, p.d, vec);
+  ready();
 #pragma unroll
   for (int i = 0; i < kChunks; ++i) {
     const int chunk = t / kKBlock * kChunks + i;
     float x[8];
-    load8<T>(p.v, b, hk, n0 + r, p.nk, chunk * 8, p.d, vec, x);
+    to_floats<T>(raw[i], x);
 #pragma unroll
     for (int e = 0; e < 8; e += 2) {
       const int c = chunk * 8 + e;
@@ -331,65 +379,145 @@ __device__ void v_to_16bit(const PrepareParams& p, int b, int hk, int n0, const 
   }
 }
 
-// Q blocks of launch 1 (none where the attention kernel quantizes Q itself).
+// Q blocks (none where the attention kernel quantizes Q itself).
 __host__ __device__ inline int q_blocks(const PrepareParams& p) { return p.q_i8 == nullptr ? 0 : p.nq_pad / kQBlock; }
 
-// Launch 1: Q blocks first, then statistics chunks.
+// Work units per K/V head: statistics chunks of K and of V, then K blocks and V blocks (when V is rewritten).
+__host__ __device__ inline int stats_units(const PrepareParams& p) { return 2 * p.n_chunks; }
+__host__ __device__ inline int quant_units(const PrepareParams& p) {
+  return (p.nk_pad / kKBlock) * (p.v_mode == kVNone ? 1 : 2);
+}
+
+// p.counters: the ticket, then per head and tensor (K, V) its finished statistics chunks, then its ready flag.
+__device__ __forceinline__ int* done_chunks(const PrepareParams& p, int64_t head, bool of_v) {
+  return p.counters + 1 + 2 * head + of_v;
+}
+__device__ __forceinline__ int* ready_flag(const PrepareParams& p, int64_t head, bool of_v) {
+  return p.counters + 1 + 2 * p.batch * p.hk + 2 * head + of_v;
+}
+
+// A K/V unit: statistics chunk `stats` of K then of V (quant < 0), or K block `quant` (< k_blocks), or a V block.
+struct Unit {
+  int head, stats, quant;
+};
+// Ticket order: the statistics of the first lag heads, then per head g the statistics of head g + lag and the
+// quantization of head g. The lag gives a head's statistics time to finish before its quantization units start
+// (which then rarely wait), while its K and V are still in L2.
+__device__ __forceinline__ Unit kv_unit(const PrepareParams& p, int u) {
+  const int s = stats_units(p), qu = quant_units(p), heads = p.batch * p.hk, lag = min(p.lag_heads, heads);
+  if (u < lag * s) return {u / s, u % s, -1};
+  u -= lag * s;
+  if (u < (heads - lag) * (s + qu)) {
+    const int g = u / (s + qu), r = u % (s + qu);
+    return r < s ? Unit{g + lag, r, -1} : Unit{g, -1, r - s};
+  }
+  u -= (heads - lag) * (s + qu);
+  return {heads - lag + u / qu, -1, u % qu};
+}
+
+__device__ __forceinline__ int load_acquire(const int* x) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(x) : "memory");
+  return v;
+}
+__device__ __forceinline__ void store_release(int* x, int v) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(x), "r"(v) : "memory");
+}
+
+// One statistics chunk; the head's last chunk of K (or V) to finish also finishes the head's statistics and marks
+// them ready.
 template <typename T, int DPAD>
-__global__ void __launch_bounds__(kPrepThreads) prepare_q_and_statistics(const PrepareParams p) {
-  const int q_blocks = sage::q_blocks(p);
-  int i = blockIdx.x;
-  if (i < p.batch * p.hq * q_blocks) {
-    const int blk = i % q_blocks, h = (i / q_blocks) % p.hq, b = i / (q_blocks * p.hq);
-    const bool vec = vectorizable(p.q);
-    const int64_t head = static_cast<int64_t>(b) * p.hq + h;
-    quantize_block<T, kQBlock, DPAD>(p.q, b, h, blk * kQBlock, p.nq, p.d, vec, true, p.q_gran, nullptr,
-                                     p.q_i8 + head * p.nq_pad * DPAD, p.q_scale + head * p.nq_pad);
-    return;
-  }
-  i -= p.batch * p.hq * q_blocks;
-  const int c = i % p.n_chunks, hk = (i / p.n_chunks) % p.hk, b = i / (p.n_chunks * p.hk);
-  kv_statistics<T, DPAD>(p, b, hk, c);
-}
-
-// Launch 2: K blocks first, then V blocks (when V is rewritten: FP8 V^T in the sm89 family, 16-bit otherwise).
-template <typename T, int DPAD, bool kFp8V>
-__global__ void __launch_bounds__(kPrepThreads) prepare_k_and_v(const PrepareParams p) {
-  __shared__ float k_mean[DPAD], v_mean[DPAD], v_scale[DPAD];
-  const int k_blocks = p.nk_pad / kKBlock;
-  const bool is_k = blockIdx.x < p.batch * p.hk * k_blocks;
-  const int i = is_k ? blockIdx.x : blockIdx.x - p.batch * p.hk * k_blocks;
-  const int blk = i % k_blocks, hk = (i / k_blocks) % p.hk, b = i / (k_blocks * p.hk);
+__device__ void statistics_unit(const PrepareParams& p, int b, int hk, int stats) {
+  __shared__ bool last;
+  const bool of_v = stats >= p.n_chunks;
   const int64_t head = static_cast<int64_t>(b) * p.hk + hk;
-  head_statistics<T, DPAD>(p, b, hk, k_mean, v_mean, v_scale);
-  __syncthreads();
-  if (blk == 0 && threadIdx.x < DPAD) {  // one program per head publishes the head's statistics
-    const int c = threadIdx.x;
-    if (is_k) p.k_mean[head * DPAD + c] = k_mean[c];
-    else {
-      if (p.v_scale != nullptr) p.v_scale[head * DPAD + c] = v_scale[c];
-      if (p.v_mean != nullptr) p.v_mean[head * DPAD + c] = v_mean[c];
-    }
+  kv_statistics<T, DPAD>(p, b, hk, stats % p.n_chunks, of_v);
+  __syncthreads();  // every thread's partials are written before they are published
+  if (threadIdx.x == 0) {
+    __threadfence();
+    last = atomicAdd(done_chunks(p, head, of_v), 1) == p.n_chunks - 1;
+    __threadfence();  // the other chunks' partials, published before their increments, are visible after this one
   }
-  if (is_k) {
-    const bool vec = vectorizable(p.k);
-    quantize_block<T, kKBlock, DPAD>(p.k, b, hk, blk * kKBlock, p.nk, p.d, vec, false, p.k_gran, k_mean,
-                                     p.k_i8 + head * p.nk_pad * DPAD, p.k_scale + head * p.nk_pad);
-  } else if constexpr (kFp8V) {
-    v_to_fp8<T, DPAD>(p, b, hk, blk * kKBlock, v_mean, v_scale);
-  } else {
-    v_to_16bit<T, DPAD>(p, b, hk, blk * kKBlock, v_mean);
+  __syncthreads();
+  if (!last) return;
+  finish_statistics<T, DPAD>(p, head, of_v);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    store_release(ready_flag(p, head, of_v), 1);
   }
 }
 
+// K block or V block `blk` of head (b, hk), once the head's statistics of that tensor are ready.
 template <typename T, int DPAD, bool kFp8V>
-void launch_prepare(const PrepareParams& p, cudaStream_t stream) {
-  const int q_programs = p.batch * p.hq * q_blocks(p);
-  const int stat_programs = p.batch * p.hk * p.n_chunks;
-  prepare_q_and_statistics<T, DPAD><<<q_programs + stat_programs, kPrepThreads, 0, stream>>>(p);
-  const int k_programs = p.batch * p.hk * (p.nk_pad / kKBlock);
-  const int v_programs = p.v_mode == kVNone ? 0 : k_programs;
-  prepare_k_and_v<T, DPAD, kFp8V><<<k_programs + v_programs, kPrepThreads, 0, stream>>>(p);
+__device__ void quantization_unit(const PrepareParams& p, int b, int hk, int quant) {
+  __shared__ float mean[DPAD], scale[DPAD];
+  const int k_blocks = p.nk_pad / kKBlock;
+  const bool of_v = quant >= k_blocks;
+  const int blk = of_v ? quant - k_blocks : quant;
+  const int64_t head = static_cast<int64_t>(b) * p.hk + hk;
+  // the block's loads are issued first: they do not depend on the statistics, and they overlap the wait for them
+  auto ready = [&] {
+    if (threadIdx.x == 0) {
+      const int* flag = ready_flag(p, head, of_v);
+      while (load_acquire(flag) == 0) __nanosleep(100);
+    }
+    __syncthreads();
+    const int c = threadIdx.x;
+    if (c < DPAD) {
+      const float* m = of_v ? p.v_mean : p.k_mean;
+      mean[c] = m == nullptr ? 0.f : __ldcg(m + head * DPAD + c);
+      scale[c] = of_v && p.v_scale != nullptr ? __ldcg(p.v_scale + head * DPAD + c) : 1.f;
+    }
+    __syncthreads();
+  };
+  if (!of_v) {
+    quantize_block<T, kKBlock, DPAD>(p.k, b, hk, blk * kKBlock, p.nk, p.d, vectorizable(p.k), false, p.k_gran, mean,
+                                     p.k_i8 + head * p.nk_pad * DPAD, p.k_scale + head * p.nk_pad, ready);
+  } else if constexpr (kFp8V) {
+    v_to_fp8<T, DPAD>(p, b, hk, blk * kKBlock, mean, scale, ready);
+  } else {
+    ready();
+    v_to_16bit<T, DPAD>(p, b, hk, blk * kKBlock, mean);
+  }
+}
+
+template <typename T, int DPAD>
+__global__ void __launch_bounds__(kPrepThreads) quantize_q_blocks(const PrepareParams p) {
+  const int i = blockIdx.x, blk = i % q_blocks(p), h = (i / q_blocks(p)) % p.hq, b = i / (q_blocks(p) * p.hq);
+  const int64_t head = static_cast<int64_t>(b) * p.hq + h;
+  quantize_block<T, kQBlock, DPAD>(p.q, b, h, blk * kQBlock, p.nq, p.d, vectorizable(p.q), true, p.q_gran, nullptr,
+                                   p.q_i8 + head * p.nq_pad * DPAD, p.q_scale + head * p.nq_pad, [] {});
+}
+
+// K and V: statistics and quantization units in ticket order. 64 registers: four programs per SM.
+template <typename T, int DPAD, bool kFp8V>
+__global__ void __launch_bounds__(kPrepThreads, 4) prepare_kv(const PrepareParams p) {
+  __shared__ int ticket;
+  if (threadIdx.x == 0) ticket = atomicAdd(p.counters, 1);
+  __syncthreads();
+  const Unit unit = kv_unit(p, ticket);
+  const int b = unit.head / p.hk, hk = unit.head % p.hk;
+  if (unit.quant < 0) statistics_unit<T, DPAD>(p, b, hk, unit.stats);
+  else quantization_unit<T, DPAD, kFp8V>(p, b, hk, unit.quant);
+}
+
+template <typename T, int DPAD, bool kFp8V>
+void launch_prepare(const PrepareParams& params, cudaStream_t stream) {
+  static int per_sm = 0;  // resident programs per SM (the same on every device this module runs on)
+  if (per_sm == 0) cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, prepare_kv<T, DPAD, kFp8V>, kPrepThreads, 0);
+  int device = 0, sms = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  PrepareParams p = params;
+  // A statistics unit lasts about chunk_len / kKBlock quantization units. A lag of half the units the resident
+  // programs run meanwhile measured best on an H100 (B16 H16 N1k d128: 158 us against 195 at a quarter, where more
+  // programs wait, and 162 at a whole, where fewer rereads hit L2; docs/benchmarks.md, session 19).
+  const float lag_units = 0.5f * sms * per_sm * (p.chunk_len / kKBlock);
+  p.lag_heads = max(1, static_cast<int>(ceilf(lag_units / (stats_units(p) + quant_units(p)))));
+  if (q_blocks(p) > 0) quantize_q_blocks<T, DPAD><<<p.batch * p.hq * q_blocks(p), kPrepThreads, 0, stream>>>(p);
+  cudaMemsetAsync(p.counters, 0, (1 + 4 * p.batch * p.hk) * sizeof(int), stream);
+  prepare_kv<T, DPAD, kFp8V><<<p.batch * p.hk * (stats_units(p) + quant_units(p)), kPrepThreads, 0, stream>>>(p);
 }
 
 // kFp8V: the module's V rewrite (FP8 V^T needs sm89's e4m3 conversions; the sm80 family writes 16-bit V).

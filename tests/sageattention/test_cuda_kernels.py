@@ -247,6 +247,28 @@ def test_quantize_matches_reference_bit_for_bit(family, fp8, gran, d):
         assert torch.equal(v_out.cpu()[:, :, :nk, :d], (v.cpu().float() - vm).to(v.dtype))
 
 
+@pytest.mark.parametrize("family, fp8", FAMILIES)
+def test_each_head_is_quantized_with_its_own_statistics(family, fp8):
+    """The preparation launch quantizes each head only after all of that head's statistics units have finished,
+    however the programs are scheduled: with many heads, each with its own channel bias and V range, and many
+    statistics chunks per head, every head's K mean and V scale equal the reference's, on every repeat."""
+    mod = module(family)
+    b, hk, nk, d = 3, 40, 4100, 64  # 17 statistics chunks per head for K and for V, 120 heads
+    gen = torch.Generator().manual_seed(11)
+    k = torch.randn(b, hk, nk, d, generator=gen) + 4 * torch.randn(b, hk, 1, d, generator=gen)
+    v = torch.randn(b, hk, nk, d, generator=gen) * torch.rand(b, hk, 1, d, generator=gen).mul(8).exp2()
+    q, k, v = (x.to("cuda", torch.float16) for x in (torch.randn(b, hk, 64, d, generator=gen), k, v))
+    ref_kmean = reference.token_mean(k.cpu())[:, :, 0]
+    ref_vs = reference.quantize_v_fp8(v.cpu())[1] if fp8 else None
+    for _ in range(3):
+        _, _, k_i8, _, k_mean, _, v_s, _ = mod.quantize(q, k, v, False, 2, 2, V_FP8 if fp8 else V_16, True, False,
+                                                       448.0)
+        worst = (k_mean.cpu() - ref_kmean).abs().amax((-1)).argmax().item()
+        assert torch.allclose(k_mean.cpu(), ref_kmean, rtol=1e-5, atol=1e-5), f"head {divmod(worst, hk)}: K mean"
+        if fp8:
+            assert torch.equal(v_s.cpu(), ref_vs), "V scales differ"
+
+
 def _fp8_key_slot(key: int) -> int:
     """csrc/common/prepare.cuh fp8_key_slot: where key (0..31) of a 32-key group sits in V^T."""
     r = key % 16
