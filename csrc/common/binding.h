@@ -99,7 +99,7 @@ inline Workspace prepare(const Views& x, bool quantize_q, int q_gran, int k_gran
   const int64_t q_rows = quantize_q ? bq * p.nq_pad : 0;
   const int64_t sizes[10] = {q_rows * p.d_pad, q_rows * 4, bk * p.nk_pad * p.d_pad, bk * p.nk_pad * 4,
                              bk * p.d_pad * 4, v_bytes, bk * p.d_pad * 4, bk * p.d_pad * 4,
-                             bk * p.n_chunks * 4 * p.d_pad * 4, (1 + 4 * bk) * 4};
+                             bk * p.n_chunks * 4 * p.d_pad * 4, (1 + 2 * bk) * 4};
   int64_t total = 0;
   for (int64_t s : sizes) {
     w.parts.emplace_back(total, s);

@@ -41,8 +41,8 @@ struct PrepareParams {
   int n_chunks;         // token chunks of the statistics units (per K/V head)
   int chunk_len;        // tokens per chunk, a multiple of kKBlock
   float* partials;      // [B, Hk, n_chunks, 4, d_pad]: K sums, V max, V min, V sums
-  int* counters;        // [1 + 4 B Hk], zeroed per call: the units' ticket, then per head and tensor (K, V) its
-                        // finished statistics chunks, then its ready flag
+  int* counters;        // [1 + 2 B Hk], zeroed per call: the units' ticket, then per head and tensor (K, V) its
+                        // finished statistics chunks (n_chunks + 1 once the head's statistics are finished)
   int lag_heads;        // heads between a head's statistics units and its quantization units (set at launch)
   int8_t* q_i8;
   float* q_scale;

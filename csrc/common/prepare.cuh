@@ -388,12 +388,10 @@ __host__ __device__ inline int quant_units(const PrepareParams& p) {
   return (p.nk_pad / kKBlock) * (p.v_mode == kVNone ? 1 : 2);
 }
 
-// p.counters: the ticket, then per head and tensor (K, V) its finished statistics chunks, then its ready flag.
-__device__ __forceinline__ int* done_chunks(const PrepareParams& p, int64_t head, bool of_v) {
+// p.counters: the ticket, then per head and tensor (K, V) its finished statistics chunks, set to n_chunks + 1 once
+// the head's statistics are finished.
+__device__ __forceinline__ int* stats_counter(const PrepareParams& p, int64_t head, bool of_v) {
   return p.counters + 1 + 2 * head + of_v;
-}
-__device__ __forceinline__ int* ready_flag(const PrepareParams& p, int64_t head, bool of_v) {
-  return p.counters + 1 + 2 * p.batch * p.hk + 2 * head + of_v;
 }
 
 // A K/V unit: statistics chunk `stats` of K then of V (quant < 0), or K block `quant` (< k_blocks), or a V block.
@@ -415,17 +413,8 @@ __device__ __forceinline__ Unit kv_unit(const PrepareParams& p, int u) {
   return {heads - lag + u / qu, -1, u % qu};
 }
 
-__device__ __forceinline__ int load_acquire(const int* x) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(x) : "memory");
-  return v;
-}
-__device__ __forceinline__ void store_release(int* x, int v) {
-  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(x), "r"(v) : "memory");
-}
-
 // One statistics chunk; the head's last chunk of K (or V) to finish also finishes the head's statistics and marks
-// them ready.
+// them ready (its counter past n_chunks).
 template <typename T, int DPAD>
 __device__ void statistics_unit(const PrepareParams& p, int b, int hk, int stats) {
   __shared__ bool last;
@@ -435,7 +424,7 @@ __device__ void statistics_unit(const PrepareParams& p, int b, int hk, int stats
   __syncthreads();  // every thread's partials are written before they are published
   if (threadIdx.x == 0) {
     __threadfence();
-    last = atomicAdd(done_chunks(p, head, of_v), 1) == p.n_chunks - 1;
+    last = atomicAdd(stats_counter(p, head, of_v), 1) == p.n_chunks - 1;
     __threadfence();  // the other chunks' partials, published before their increments, are visible after this one
   }
   __syncthreads();
@@ -444,7 +433,7 @@ __device__ void statistics_unit(const PrepareParams& p, int b, int hk, int stats
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();
-    store_release(ready_flag(p, head, of_v), 1);
+    ptx::store_release(stats_counter(p, head, of_v), p.n_chunks + 1);
   }
 }
 
@@ -459,8 +448,8 @@ __device__ void quantization_unit(const PrepareParams& p, int b, int hk, int qua
   // the block's loads are issued first: they do not depend on the statistics, and they overlap the wait for them
   auto ready = [&] {
     if (threadIdx.x == 0) {
-      const int* flag = ready_flag(p, head, of_v);
-      while (load_acquire(flag) == 0) __nanosleep(100);
+      const int* counter = stats_counter(p, head, of_v);
+      while (ptx::load_acquire(counter) <= p.n_chunks) __nanosleep(100);
     }
     __syncthreads();
     const int c = threadIdx.x;
@@ -502,13 +491,21 @@ __global__ void __launch_bounds__(kPrepThreads, 4) prepare_kv(const PrepareParam
   else quantization_unit<T, DPAD, kFp8V>(p, b, hk, unit.quant);
 }
 
+// The current device's SM count (kept per device: the launches ask on every call).
+inline int current_sm_count() {
+  static int kept[64] = {};
+  int device = 0, n = 0;
+  cudaGetDevice(&device);
+  int& sms = device < 64 ? kept[device] : n;
+  if (sms == 0) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  return sms;
+}
+
 template <typename T, int DPAD, bool kFp8V>
 void launch_prepare(const PrepareParams& params, cudaStream_t stream) {
   static int per_sm = 0;  // resident programs per SM (the same on every device this module runs on)
   if (per_sm == 0) cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, prepare_kv<T, DPAD, kFp8V>, kPrepThreads, 0);
-  int device = 0, sms = 0;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  const int sms = current_sm_count();
   PrepareParams p = params;
   // A statistics unit lasts about chunk_len / kKBlock quantization units. A lag of half the units the resident
   // programs run meanwhile measured best on an H100 (B16 H16 N1k d128: 158 us against 195 at a quarter, where more
@@ -516,7 +513,7 @@ void launch_prepare(const PrepareParams& params, cudaStream_t stream) {
   const float lag_units = 0.5f * sms * per_sm * (p.chunk_len / kKBlock);
   p.lag_heads = max(1, static_cast<int>(ceilf(lag_units / (stats_units(p) + quant_units(p)))));
   if (q_blocks(p) > 0) quantize_q_blocks<T, DPAD><<<p.batch * p.hq * q_blocks(p), kPrepThreads, 0, stream>>>(p);
-  cudaMemsetAsync(p.counters, 0, (1 + 4 * p.batch * p.hk) * sizeof(int), stream);
+  cudaMemsetAsync(p.counters, 0, (1 + 2 * p.batch * p.hk) * sizeof(int), stream);
   prepare_kv<T, DPAD, kFp8V><<<p.batch * p.hk * (stats_units(p) + quant_units(p)), kPrepThreads, 0, stream>>>(p);
 }
 

@@ -96,4 +96,14 @@ __device__ __forceinline__ uint32_t e4m3x2(float lo, float hi) {
   return r;
 }
 
+// A 32-bit global load with acquire and a store with release semantics, at GPU scope: flags between programs.
+__device__ __forceinline__ int load_acquire(const int* x) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(x) : "memory");
+  return v;
+}
+__device__ __forceinline__ void store_release(int* x, int v) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(x), "r"(v) : "memory");
+}
+
 }  // namespace sage::ptx

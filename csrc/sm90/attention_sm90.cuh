@@ -384,11 +384,8 @@ void launch_attention_sm90(const TensorMaps& maps, const AttentionParams& p, cud
   raise_dynamic_smem<kernel>(Layout<D>::kSmem);
   // One program per SM, each running several items (all items take equally long). Causal items differ in length:
   // one program each, so the hardware hands the next item to whichever SM frees first.
-  int device = 0, sms = 0;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   const int items = work_items(p);
-  const int grid = p.causal ? items : std::min(items, sms);
+  const int grid = p.causal ? items : std::min(items, current_sm_count());
   kernel<<<grid, kThreads, Layout<D>::kSmem, stream>>>(maps.q, maps.k, maps.v, p);
 }
 
