@@ -125,26 +125,23 @@ __device__ __forceinline__ void fold_max(int (&v)[16]) {
   for (int k = 0; k < W; ++k) v[k] = max(v[k], v[k + W]);
 }
 
-// The online softmax of a tile for this lane's rows g and g + 8 (a row's 128 scores live in the 4 lanes of a quad):
-// the INT32 scores sc become x = P = exp2(sc * qs * ks - shift), stretched by 448 for e4m3 (ks[h]: the K scale of
-// keys 64h..64h+63; qs >= 0: the Q scale times |sm_scale| * log2(e), quantize_q having negated Q for a negative
-// sm_scale); m is the rows' running max, alpha rescales what was accumulated before. The row sums that normalize O
-// come from the tensor cores (pv_issue), of P as rounded to e4m3; where the LSE is asked for (kLse), l also sums P
-// in fp32 (clamped at 448 as e4m3 saturates), this lane's part of each row: the LSE of exact attention. (A template
-// parameter: even skipped at run time, those sums cost 8-15 % of the kernel's speed, session 18.)
-// A tile that needs no mask takes the row max on the integers of each K-scale period, scales it once, rounded down
-// so that no score's exact product exceeds it, and dequantizes and shifts each score in one FMA. P's peak is then
-// 448 or a hair over, which e4m3 saturates to 448, and the sums count P as saturated: even at scores of 1e37, where
-// the max's ulp is huge, the row stays normalized. Tiles at the end of the keys or on the causal diagonal
-// (`masked`, warp-uniform) dequantize first and mask. The branch holds no shuffle: ptxas serializes the warpgroup
-// MMAs of a loop whose shuffles sit in a divergent path.
-template <bool kLse>
-__device__ __forceinline__ void softmax_tile(const int (&sc)[64], float qs, const float (&ks)[2], bool masked,
-                                             int key0, int t, int row, const AttentionParams& p, float (&x)[16][4],
-                                             float (&m)[2], float (&l)[2], float (&alpha)[2]) {
-  const float s[2] = {qs * ks[0], qs * ks[1]};
-  float f[2], mx[2];  // x's factor in the exponent's FMA: s, or 1 where x is already dequantized
+// The online softmax of a tile for this lane's rows g and g + 8 (a row's 128 scores live in the 4 lanes of a quad),
+// in two phases. tile_max: the rows' maxima, the new running max m, the exponent shifts, and alpha, which rescales
+// what was accumulated before the tile. The INT32 scores sc become P = exp2(sc * s - shift), stretched by 448 for
+// e4m3 (s[h] = qs * ks[h]; ks[h]: the K scale of keys 64h..64h+63; qs >= 0: the Q scale times |sm_scale| * log2(e),
+// quantize_q having negated Q for a negative sm_scale). A tile that needs no mask takes the row max on the integers of each
+// K-scale period, scales it once, rounded down so that no score's exact product exceeds it, and each score is later
+// dequantized and shifted in one FMA. P's peak is then 448 or a hair over, which e4m3 saturates to 448, and the sums
+// count P as saturated: even at scores of 1e37, where the max's ulp is huge, the row stays normalized. Tiles at the
+// end of the keys or on the causal diagonal (`masked`, warp-uniform) dequantize first and mask; their scores are
+// then floats, kept in sc's registers as bits (one set of 64 registers live across the two phases, not two).
+// The branch holds no shuffle: ptxas serializes the warpgroup MMAs of a loop whose shuffles sit in a divergent path.
+__device__ __forceinline__ void tile_max(int (&sc)[64], const float (&s)[2], bool masked, int key0, int t,
+                                         int row, const AttentionParams& p, float (&m)[2], float (&shift)[2],
+                                         float (&alpha)[2]) {
+  float mx[2];
   if (masked) {
+    float x[16][4];
 #pragma unroll
     for (int j = 0; j < 16; ++j)
 #pragma unroll
@@ -156,12 +153,11 @@ __device__ __forceinline__ void softmax_tile(const int (&sc)[64], float qs, cons
 #pragma unroll
       for (int j = 0; j < 16; ++j) mx[i] = fmaxf(mx[i], fmaxf(x[j][2 * i], x[j][2 * i + 1]));
     }
-    f[0] = f[1] = 1.f;
-  } else {
 #pragma unroll
     for (int j = 0; j < 16; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) x[j][e] = static_cast<float>(sc[4 * j + e]);
+      for (int e = 0; e < 4; ++e) sc[4 * j + e] = __float_as_int(x[j][e]);
+  } else {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
 #pragma unroll
@@ -174,22 +170,43 @@ __device__ __forceinline__ void softmax_tile(const int (&sc)[64], float qs, cons
         mx[i] = h == 0 ? c : fmaxf(mx[i], c);
       }
     }
-    f[0] = s[0], f[1] = s[1];
   }
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const float shift = online_max<true>(mx[i], m[i], alpha[i]);
+  for (int i = 0; i < 2; ++i) shift[i] = online_max<true>(mx[i], m[i], alpha[i]);
+}
+
+// The exponent phase, one straight run of code so that ptxas can fill the exponent unit's issue gaps (8 cycles per
+// warp instruction) with the rest: P = exp2(score * s - shift) packed to e4m3 into pa (the next P·V's A registers),
+// O's deferred update o = o * alpha_prev + acc (acc: the previous tile's P·V, complete, the caller waited for it;
+// alpha_prev: that tile's alpha, which brings o to its shift), and where the LSE is asked for (kLse), l's fp32 sums
+// of P (clamped at 448 as e4m3 saturates; even skipped at run time they cost 8-15 %, session 18). kDequantized: sc
+// holds float scores, already dequantized (masked tiles); otherwise integers, converted and dequantized here.
+template <bool kDequantized, bool kLse, int kOut>
+__device__ __forceinline__ void tile_exp(const int (&sc)[64], const float (&s)[2],
+                                         const float (&shift)[2], const float (&alpha)[2], const float (&alpha_prev)[2],
+                                         const float (&acc)[kOut], float (&o)[kOut], float (&l)[2],
+                                         uint32_t (&pa)[4][4]) {
+  float y[16][4];
 #pragma unroll
-    for (int j = 0; j < 16; ++j)
+  for (int j = 0; j < 16; ++j)
 #pragma unroll
-      for (int e = 2 * i; e < 2 * i + 2; ++e) x[j][e] = exp2_approx(fmaf(x[j][e], f[j / 8], -shift));
-    if constexpr (kLse) {
+    for (int e = 0; e < 4; ++e) {
+      const int i = e / 2;
+      y[j][e] = kDequantized ? exp2_approx(__int_as_float(sc[4 * j + e]) - shift[i])
+                             : exp2_approx(fmaf(static_cast<float>(sc[4 * j + e]), s[j / 8], -shift[i]));
+    }
+#pragma unroll
+  for (int i = 0; i < kOut; ++i) o[i] = fmaf(o[i], alpha_prev[(i % 4) / 2], acc[i]);
+  if constexpr (kLse) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
       float sum = 0.f;
 #pragma unroll
-      for (int j = 0; j < 16; ++j) sum += fminf(x[j][2 * i], 448.f) + fminf(x[j][2 * i + 1], 448.f);
+      for (int j = 0; j < 16; ++j) sum += fminf(y[j][2 * i], 448.f) + fminf(y[j][2 * i + 1], 448.f);
       l[i] = l[i] * alpha[i] + sum;
     }
   }
+  pack_p_e4m3<16>(y, pa);
 }
 
 // A work item: 128 query rows of one head. Items are numbered query block fastest, so the programs running at
@@ -277,7 +294,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto v_smem = [&](int stage) { return ptx::smem_addr(smem + L::kVOff + stage * L::kVStage); };
   constexpr int kOut = D / 2 + 4;     // P·[V | 1] accumulators per thread: D / 8 + 1 slices of 4
   float acc[kOut];                    // the previous tile's P·V until it is added to o
-  uint32_t pa[4][4];                 // the previous tile's P, read by its P·V while this tile's softmax runs
+  uint32_t pa[4][4];                 // the previous tile's P, read by its P·V while this tile's maxima are taken
   int ring = 0;                      // tiles consumed so far, as the producer counts them
 
   for (int w = blockIdx.x, k = 0; w < n_items; w += gridDim.x, ++k) {
@@ -288,15 +305,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     // the m16n8 layout: channels 8n + 2t + {0, 1} of rows g and g + 8; slice D / 8 holds the rows' sums of P
     float o[D / 8 + 1][4] = {};
     float(&o_flat)[kOut] = reinterpret_cast<float(&)[kOut]>(o);
-    auto issue_pv = [&](int stage) {  // the previous tile's P·V, in flight until finish_pv
+    float alpha_prev[2] = {0.f, 0.f};  // the last softmax's alpha, applied to o with that tile's P·V
+#pragma unroll
+    for (int i = 0; i < kOut; ++i) acc[i] = 0.f;  // tile 0's update adds nothing
+    auto issue_pv = [&](int stage) {  // the previous tile's P·V, in flight until the next tile's exponent phase
       pv_issue<D>(acc, pa, v_smem(stage));
       wgmma_commit();
-    };
-    auto finish_pv = [&](int stage) {  // waits for it, frees its stage, and adds it to o
-      wgmma_wait<0>();
-      mbar_arrive(&empty[stage]);  // this thread's MMAs of the stage have completed
-#pragma unroll
-      for (int i = 0; i < kOut; ++i) o_flat[i] += acc[i];
     };
     // K scales of a tile's two 64-key quantization periods (keys past nk_pad are masked), loaded a tile ahead
     auto load_ks = [&](int tile, float (&ks)[2]) {
@@ -316,7 +330,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     named_barrier(wg, 128);  // the warpgroup's rows are all written before its MMAs read them
     if (wk.n_tiles == 0) mbar_arrive(q_empty);
 
-    // Software pipeline: the tensor cores run tile j - 1's P·V while this warpgroup runs tile j's softmax.
+    // Software pipeline: the tensor cores run tile j - 1's P·V after tile j's Q·K^T, while this warpgroup takes
+    // tile j's row maxima; the exponent run then adds that P·V to o.
     for (int tile = 0; tile < wk.n_tiles; ++tile) {
       const int s = (ring + tile) % L::kStages, prev = (ring + tile + L::kStages - 1) % L::kStages;
       const int key0 = tile * kKeys;
@@ -344,24 +359,23 @@ __global__ void __launch_bounds__(kThreads, 1)
 
       const bool needs_mask =
           key0 + kKeys > p.nk || (p.causal && key0 + kKeys - 1 > row0 + wrow - g + p.causal_offset);
-      float x[16][4], alpha[2];
-      softmax_tile<kLse>(sc, qs, ks, needs_mask, key0, t, row0 + wrow, p, x, m, l, alpha);
-
-      if (tile > 0) {  // tile 0: o is still zero
-        finish_pv(prev);
-        // once the row maxima settle (long sequences) alpha is exactly 1 for the whole warp: skip the multiplies
-        if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
-#pragma unroll
-          for (int i = 0; i < kOut; ++i) o_flat[i] *= alpha[(i % 4) / 2];
-        }
-      }
-      pack_p_e4m3<16>(x, pa);
+      const float sf[2] = {qs * ks[0], qs * ks[1]};
+      float shift[2], alpha[2];
+      tile_max(sc, sf, needs_mask, key0, t, row0 + wrow, p, m, shift, alpha);
+      wgmma_wait<0>();  // the previous tile's P·V (none at tile 0) has completed: its stage is free, acc is final
+      if (tile > 0) mbar_arrive(&empty[prev]);
+      if (needs_mask) tile_exp<true, kLse>(sc, sf, shift, alpha, alpha_prev, acc, o_flat, l, pa);
+      else tile_exp<false, kLse>(sc, sf, shift, alpha, alpha_prev, acc, o_flat, l, pa);
+      alpha_prev[0] = alpha[0], alpha_prev[1] = alpha[1];
     }
     if (wk.n_tiles > 0) {  // the last tile's P·V
       const int last = (ring + wk.n_tiles - 1) % L::kStages;
       wgmma_fence();
       issue_pv(last);
-      finish_pv(last);
+      wgmma_wait<0>();
+      mbar_arrive(&empty[last]);
+#pragma unroll
+      for (int i = 0; i < kOut; ++i) o_flat[i] = fmaf(o_flat[i], alpha_prev[(i % 4) / 2], acc[i]);  // as tile_exp
     }
     ring += wk.n_tiles;
 

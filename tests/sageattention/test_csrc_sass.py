@@ -8,6 +8,7 @@ own wgmma kernel); sm_89 and sm_120 run it as QMMA. The sm90 family is compiled 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -116,3 +117,14 @@ def test_generated_wgmma_header_is_current(tmp_path):
     subprocess.run([sys.executable, str(CSRC / "sm90" / "gen_wgmma.py"), str(fresh)], check=True)
     assert fresh.read_text() == (CSRC / "sm90" / "wgmma_ops.cuh").read_text(), \
         "wgmma_ops.cuh is stale: rerun csrc/sm90/gen_wgmma.py and commit it"
+
+
+@pytest.mark.parametrize("source", ["attention_d64.cu", "attention_d128.cu"])
+def test_sm90_exponents_share_their_issue_slots(sass, source):
+    """The exponent unit takes a warp's MUFU.EX2 every 8 cycles: ptxas fills those gaps only with work in the same
+    straight run of code (session 20 moved O's update and P's packing into it). A long run of back-to-back MUFU.EX2
+    (53-59 before) means the gaps went idle again."""
+    for kernel in sass("sm90", source, "90a").split("Function :")[1:]:
+        opcodes = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?(\S+)", kernel)
+        longest = max(len(run) for run in "".join("x" if op == "MUFU.EX2" else " " for op in opcodes).split(" "))
+        assert longest <= 8, f"{kernel.split()[0]}: {longest} MUFU.EX2 in a row in csrc/sm90/{source}"
