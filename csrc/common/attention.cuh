@@ -147,9 +147,9 @@ __device__ __forceinline__ void pv_16bit(const float (&x)[kMT][8][4], uint32_t v
   });
 }
 
-// P of a tile (e4m3, already stretched by softmax_step<J, true> or sm90's softmax_tile) in the 8-bit A-register layout of mma.sync
-// m16n8k32, which wgmma's register A shares: a[s] is the k32 step s (keys 32s..32s+31, slices 4s..4s+3), register i
-// holds row g (i even) or g + 8 (i odd) of its first or second 16 keys (i / 2).
+// P of a tile (e4m3, already stretched by softmax_step<J, true> or sm90's tile_exp) in the 8-bit A-register layout
+// of mma.sync m16n8k32, which wgmma's register A shares: a[s] is the k32 step s (keys 32s..32s+31, slices
+// 4s..4s+3), register i holds row g (i even) or g + 8 (i odd) of its first or second 16 keys (i / 2).
 template <int J>
 __device__ __forceinline__ void pack_p_e4m3(const float (&x)[J][4], uint32_t (&a)[J / 4][4]) {
 #pragma unroll

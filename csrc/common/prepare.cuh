@@ -1,5 +1,6 @@
 // Fused preparation of Q, K, V for the attention kernels:
-//   - quantize_q_blocks: INT8 Q blocks (per-block/warp/thread scales; not launched where the attention kernel quantizes Q);
+//   - quantize_q_blocks: INT8 Q blocks (per-block/warp/thread scales; not launched where the attention kernel
+//     quantizes Q);
 //   - prepare_kv, one launch of work units per K/V head: statistics chunks (K sums; V max/min/sums), the last of
 //     which also finishes the head's statistics (K mean; V mean and scale), then the head's K blocks (INT8 K minus
 //     its token mean) and V blocks (FP8 e4m3 V^T with a per-channel scale and optional mean, keys permuted into the
@@ -473,7 +474,7 @@ __device__ void quantization_unit(const PrepareParams& p, int b, int hk, int qua
 
 template <typename T, int DPAD>
 __global__ void __launch_bounds__(kPrepThreads) quantize_q_blocks(const PrepareParams p) {
-  const int i = blockIdx.x, blk = i % q_blocks(p), h = (i / q_blocks(p)) % p.hq, b = i / (q_blocks(p) * p.hq);
+  const int n = q_blocks(p), i = blockIdx.x, blk = i % n, h = (i / n) % p.hq, b = i / (n * p.hq);
   const int64_t head = static_cast<int64_t>(b) * p.hq + h;
   quantize_block<T, kQBlock, DPAD>(p.q, b, h, blk * kQBlock, p.nq, p.d, vectorizable(p.q), true, p.q_gran, nullptr,
                                    p.q_i8 + head * p.nq_pad * DPAD, p.q_scale + head * p.nq_pad, [] {});

@@ -60,7 +60,7 @@ __device__ __forceinline__ int swizzled(int row, int byte) {
 // reads them) and returns their scale. The arithmetic and the scale groups (sageattention/quant_groups.py: a
 // thread's two rows, a warp's 16, the item's 128) are prepare()'s, so the INT8 values and scales are the same;
 // `negate` stores -Q's (the INT8 range is symmetric), so that a negative sm_scale becomes a positive one and the
-// scores keep their order (softmax_tile). red is the per-block exchange of this item's parity.
+// scores keep their order (tile_max). red is the per-block exchange of this item's parity.
 template <int D, typename T>
 __device__ __forceinline__ float quantize_q(const uint8_t* q16, uint8_t* q8, int row, int t, int gran, bool negate,
                                             uint32_t* red) {
@@ -129,12 +129,12 @@ __device__ __forceinline__ void fold_max(int (&v)[16]) {
 // in two phases. tile_max: the rows' maxima, the new running max m, the exponent shifts, and alpha, which rescales
 // what was accumulated before the tile. The INT32 scores sc become P = exp2(sc * s - shift), stretched by 448 for
 // e4m3 (s[h] = qs * ks[h]; ks[h]: the K scale of keys 64h..64h+63; qs >= 0: the Q scale times |sm_scale| * log2(e),
-// quantize_q having negated Q for a negative sm_scale). A tile that needs no mask takes the row max on the integers of each
-// K-scale period, scales it once, rounded down so that no score's exact product exceeds it, and each score is later
-// dequantized and shifted in one FMA. P's peak is then 448 or a hair over, which e4m3 saturates to 448, and the sums
-// count P as saturated: even at scores of 1e37, where the max's ulp is huge, the row stays normalized. Tiles at the
-// end of the keys or on the causal diagonal (`masked`, warp-uniform) dequantize first and mask; their scores are
-// then floats, kept in sc's registers as bits (one set of 64 registers live across the two phases, not two).
+// quantize_q having negated Q for a negative sm_scale). A tile that needs no mask takes the row max on the integers
+// of each K-scale period, scales it once, rounded down so that no score's exact product exceeds it, and each score
+// is later dequantized and shifted in one FMA. P's peak is then 448 or a hair over, which e4m3 saturates to 448,
+// and the sums count P as saturated: even at scores of 1e37, where the max's ulp is huge, the row stays normalized.
+// Tiles at the end of the keys or on the causal diagonal (`masked`, warp-uniform) dequantize first and mask; their
+// scores are then floats, kept in sc's registers as bits (one set of 64 registers live across the two phases).
 // The branch holds no shuffle: ptxas serializes the warpgroup MMAs of a loop whose shuffles sit in a divergent path.
 __device__ __forceinline__ void tile_max(int (&sc)[64], const float (&s)[2], bool masked, int key0, int t,
                                          int row, const AttentionParams& p, float (&m)[2], float (&shift)[2],
@@ -164,7 +164,7 @@ __device__ __forceinline__ void tile_max(int (&sc)[64], const float (&s)[2], boo
       for (int h = 0; h < 2; ++h) {
         int v[16];
 #pragma unroll
-        for (int j = 0; j < 8; ++j) v[2 * j] = sc[4 * (8 * h + j) + 2 * i], v[2 * j + 1] = sc[4 * (8 * h + j) + 2 * i + 1];
+        for (int j = 0; j < 16; ++j) v[j] = sc[4 * (8 * h + j / 2) + 2 * i + j % 2];
         fold_max<8>(v), fold_max<4>(v), fold_max<2>(v), fold_max<1>(v);
         const float c = __fmul_rd(static_cast<float>(v[0]), s[h]);
         mx[i] = h == 0 ? c : fmaxf(mx[i], c);
@@ -175,12 +175,19 @@ __device__ __forceinline__ void tile_max(int (&sc)[64], const float (&s)[2], boo
   for (int i = 0; i < 2; ++i) shift[i] = online_max<true>(mx[i], m[i], alpha[i]);
 }
 
+// O's deferred update: alpha_prev, the factor of the tile whose P·V acc holds, brings o to that tile's shift.
+template <int kOut>
+__device__ __forceinline__ void update_o(float (&o)[kOut], const float (&alpha_prev)[2], const float (&acc)[kOut]) {
+#pragma unroll
+  for (int i = 0; i < kOut; ++i) o[i] = fmaf(o[i], alpha_prev[(i % 4) / 2], acc[i]);
+}
+
 // The exponent phase, one straight run of code so that ptxas can fill the exponent unit's issue gaps (8 cycles per
 // warp instruction) with the rest: P = exp2(score * s - shift) packed to e4m3 into pa (the next P·V's A registers),
-// O's deferred update o = o * alpha_prev + acc (acc: the previous tile's P·V, complete, the caller waited for it;
-// alpha_prev: that tile's alpha, which brings o to its shift), and where the LSE is asked for (kLse), l's fp32 sums
-// of P (clamped at 448 as e4m3 saturates; even skipped at run time they cost 8-15 %, session 18). kDequantized: sc
-// holds float scores, already dequantized (masked tiles); otherwise integers, converted and dequantized here.
+// O's deferred update (update_o; acc: the previous tile's P·V, complete, the caller waited for it), and where the
+// LSE is asked for (kLse), l's fp32 sums of P (clamped at 448 as e4m3 saturates; even skipped at run time they cost
+// 8-15 %, session 18). kDequantized: sc holds float scores, already dequantized (masked tiles); otherwise integers,
+// converted and dequantized here.
 template <bool kDequantized, bool kLse, int kOut>
 __device__ __forceinline__ void tile_exp(const int (&sc)[64], const float (&s)[2],
                                          const float (&shift)[2], const float (&alpha)[2], const float (&alpha_prev)[2],
@@ -195,8 +202,7 @@ __device__ __forceinline__ void tile_exp(const int (&sc)[64], const float (&s)[2
       y[j][e] = kDequantized ? exp2_approx(__int_as_float(sc[4 * j + e]) - shift[i])
                              : exp2_approx(fmaf(static_cast<float>(sc[4 * j + e]), s[j / 8], -shift[i]));
     }
-#pragma unroll
-  for (int i = 0; i < kOut; ++i) o[i] = fmaf(o[i], alpha_prev[(i % 4) / 2], acc[i]);
+  update_o(o, alpha_prev, acc);
   if constexpr (kLse) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -237,7 +243,7 @@ __host__ __device__ inline int work_items(const AttentionParams& p) {
 // mode runs it: with P·V straight into o, ptxas serialized the warpgroup MMAs once o also held the row sums (C7514).
 // Persistent: program i runs items i, i + gridDim.x, ...; the K/V ring and its barrier phases run on across items,
 // so the producer loads the next item's Q and first tiles while the consumers finish the current one.
-// kLse: the call asks for the LSE (p.lse), which needs fp32 row sums besides the tensor cores' (softmax_tile).
+// kLse: the call asks for the LSE (p.lse), which needs fp32 row sums besides the tensor cores' (tile_exp).
 template <int D, typename T, bool kLse>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_sm90_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
@@ -301,7 +307,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const Work wk = work_item(w, p);
     const int row0 = wk.row0;
     const int64_t q_head = wk.q_head, k_head = wk.kv_head;
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // l: the LSE's sums (softmax_tile)
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // l: the LSE's sums (tile_exp)
     // the m16n8 layout: channels 8n + 2t + {0, 1} of rows g and g + 8; slice D / 8 holds the rows' sums of P
     float o[D / 8 + 1][4] = {};
     float(&o_flat)[kOut] = reinterpret_cast<float(&)[kOut]>(o);
@@ -374,8 +380,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       issue_pv(last);
       wgmma_wait<0>();
       mbar_arrive(&empty[last]);
-#pragma unroll
-      for (int i = 0; i < kOut; ++i) o_flat[i] = fmaf(o_flat[i], alpha_prev[(i % 4) / 2], acc[i]);  // as tile_exp
+      update_o(o_flat, alpha_prev, acc);
     }
     ring += wk.n_tiles;
 
