@@ -480,12 +480,10 @@ __global__ void __launch_bounds__(kPrepThreads) quantize_q_blocks(const PrepareP
                                    p.q_i8 + head * p.nq_pad * DPAD, p.q_scale + head * p.nq_pad, [] {});
 }
 
-// Resident programs per SM that prepare_kv is compiled for (the registers per thread follow from it). Preparation
-// is latency-bound, so more programs in flight help: on Hopper, whose 228 KB of shared memory holds six, 40
-// registers (a few bytes spilled) measured 158 -> 142 us at B16 H16 N1k d128 and 188 -> 168 us at B16 H32 N1k d64
-// on an H100 against 64 registers and four programs; eight (32 registers) spilled hundreds of bytes and ran at
-// 189 us (docs/benchmarks.md, session 21). Elsewhere four: parts with 100 KB of shared memory per SM hold no more,
-// and sm80 is unmeasured.
+// Resident programs per SM that prepare_kv is compiled for (its registers per thread follow). Preparation is
+// latency-bound, so more programs in flight help: six on Hopper, whose 228 KB of shared memory holds them (40
+// registers, a few bytes spilled; eight spilled hundreds and were slower, docs/benchmarks.md session 21); four
+// elsewhere, where 100 KB of shared memory per SM holds no more (sm80 unmeasured).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && __CUDA_ARCH__ < 1000
 constexpr int kPrepProgramsPerSm = 6;
 #else
