@@ -296,41 +296,85 @@ __device__ __forceinline__ float quad_sum(float x) {
 // so o / l is already in V's quantized units. l is this lane's part of the row sums (summed over the quad here);
 // `sums`, where given, are the whole sums that normalize o instead (the sm90 kernel's, from the tensor cores), and l
 // then serves the LSE alone.
-template <bool kFp8, int D, typename T>
-__device__ __forceinline__ void store_rows(const AttentionParams& p, T* out, int64_t k_head, int64_t q_head, int row,
-                                           int t, const float (&o)[D / 8][4], const float (&m)[2],
-                                           const float (&l)[2], const float* sums = nullptr) {
-  // The V scale and mean of this lane's channels (both rows use them), loaded before any use so that their L2
-  // round trips overlap; the arrays are d_pad long, so channels past d read padding.
-  float2 v_scale[D / 8], v_mean[D / 8];
+// A 4 x 4 transpose among a quad: lane t's v[n] becomes lane n's v[t] (two exchange rounds, 2 x 2 blocks first).
+__device__ __forceinline__ void quad_transpose(uint32_t (&v)[4], int t) {
+  const bool hi = t & 2, odd = t & 1;
+  uint32_t a = __shfl_xor_sync(0xffffffffu, hi ? v[0] : v[2], 2);
+  uint32_t b = __shfl_xor_sync(0xffffffffu, hi ? v[1] : v[3], 2);
+  if (hi) v[0] = a, v[1] = b;
+  else v[2] = a, v[3] = b;
+  a = __shfl_xor_sync(0xffffffffu, odd ? v[0] : v[1], 1);
+  b = __shfl_xor_sync(0xffffffffu, odd ? v[2] : v[3], 1);
+  if (odd) v[0] = a, v[2] = b;
+  else v[1] = a, v[3] = b;
+}
+
+// The V scale and mean of a lane's channels (slice n: channels 8n + 2t and 8n + 2t + 1), which both of its rows use.
+// The arrays are d_pad long, so channels past d read padding. Loaded all at once, so that their L2 round trips
+// overlap (loaded before the last P·V, the sm90 kernel's d128 instantiations spill).
+template <int D>
+struct VStats {
+  float2 scale[D / 8], mean[D / 8];
+};
+
+template <bool kFp8, int D>
+__device__ __forceinline__ VStats<D> load_v_stats(const AttentionParams& p, int64_t k_head, int t) {
+  VStats<D> vs;
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) {
     const int64_t c = k_head * D + n * 8 + 2 * t;
-    v_scale[n] = kFp8 ? *reinterpret_cast<const float2*>(p.v_scale + c) : float2{1.f, 1.f};
-    v_mean[n] = p.v_mean != nullptr ? *reinterpret_cast<const float2*>(p.v_mean + c) : float2{0.f, 0.f};
+    vs.scale[n] = kFp8 ? *reinterpret_cast<const float2*>(p.v_scale + c) : float2{1.f, 1.f};
+    vs.mean[n] = p.v_mean != nullptr ? *reinterpret_cast<const float2*>(p.v_mean + c) : float2{0.f, 0.f};
   }
+  return vs;
+}
+
+template <bool kFp8, int D, typename T>
+__device__ __forceinline__ void store_rows(const AttentionParams& p, T* out, const VStats<D>& vs, int64_t q_head,
+                                           int row, int t, const float (&o)[D / 8][4], const float (&m)[2],
+                                           const float (&l)[2], const float* sums = nullptr) {
+  // Whole rows of 16-byte aligned channels (warp-uniform): the quad trades its values so that each lane stores one
+  // 8-channel slice in 16 bytes, full 32-byte sectors instead of half ones, and a quarter of the store instructions.
+  const bool whole_rows = p.d == D && p.o_sn % 8 == 0 && (reinterpret_cast<uintptr_t>(out) & 15) == 0;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const float lse_sum = p.lse != nullptr || sums == nullptr ? quad_sum(l[i]) : 0.f;  // kFp8: stretched by 448
     const float sum = sums != nullptr ? sums[i] : lse_sum;
     const int r = row + 8 * i;
     const float inv = sum > 0.f ? 1.f / sum : 0.f;  // rows without keys: 0 (and LSE -inf)
-    if (r >= p.nq) continue;
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      const int c = n * 8 + 2 * t;
+    auto channels = [&](int n) {  // this lane's two channels of slice n, 8n + 2t and 8n + 2t + 1
       float y0 = o[n][2 * i] * inv, y1 = o[n][2 * i + 1] * inv;
       if constexpr (kFp8) {
-        // Exact attention is a weighted mean of V, so |out| <= v_max quantized units per channel; e4m3's rounding of
-        // P (up to 1/16) can carry the quantized mean past that, to inf in fp16 for |V| near 65504. Clamping to the
-        // bound only moves it toward the exact value.
-        y0 = clamp_keep_nan(y0, p.v_max) * v_scale[n].x;
-        y1 = clamp_keep_nan(y1, p.v_max) * v_scale[n].y;
+        // Exact attention is a weighted mean of V, so |out| <= v_max quantized units per channel; e4m3's rounding
+        // of P (up to 1/16) can carry the quantized mean past that, to inf in fp16 for |V| near 65504. Clamping to
+        // the bound only moves it toward the exact value.
+        y0 = clamp_keep_nan(y0, p.v_max) * vs.scale[n].x;
+        y1 = clamp_keep_nan(y1, p.v_max) * vs.scale[n].y;
       }
-      if (sum > 0.f) y0 += v_mean[n].x, y1 += v_mean[n].y;
-      if (c < p.d) store2<T>(out + r * p.o_sn + c, y0, y1, c + 1 < p.d);
+      if (sum > 0.f) y0 += vs.mean[n].x, y1 += vs.mean[n].y;
+      return float2{y0, y1};
+    };
+    if (whole_rows) {
+#pragma unroll
+      for (int k = 0; k < D / 32; ++k) {  // slices 4k..4k+3; lane t stores slice 4k + t
+        uint32_t v[4];
+#pragma unroll
+        for (int n = 0; n < 4; ++n) {
+          const float2 y = channels(4 * k + n);
+          v[n] = pack2<T>(y.x, y.y);
+        }
+        quad_transpose(v, t);
+        if (r < p.nq) ptx::store16(out + r * p.o_sn + 8 * (4 * k + t), v);
+      }
+    } else if (r < p.nq) {
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        const int c = n * 8 + 2 * t;
+        const float2 y = channels(n);
+        if (c < p.d) store2<T>(out + r * p.o_sn + c, y.x, y.y, c + 1 < p.d);
+      }
     }
-    if (p.lse != nullptr && t == 0) {
+    if (p.lse != nullptr && t == 0 && r < p.nq) {
       // sum is of exp2(x - shift), shift = p_shift(m)
       p.lse[q_head * p.nq + r] = lse_sum > 0.f ? (p_shift<kFp8>(m[i]) + __log2f(lse_sum)) * kLn2 : -INFINITY;
     }
@@ -482,9 +526,10 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(const AttentionP
   }
 
   T* out = static_cast<T*>(p.out) + b * p.o_sb + h * p.o_sh;
+  const VStats<D> vs = load_v_stats<kFp8, D>(p, k_head, t);
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt)
-    store_rows<kFp8, D, T>(p, out, k_head, q_head, warp_row + 16 * mt, t, o[mt], m[mt], l[mt]);
+    store_rows<kFp8, D, T>(p, out, vs, q_head, warp_row + 16 * mt, t, o[mt], m[mt], l[mt]);
 }
 
 // Lets kKernel use `bytes` of dynamic shared memory where that is over the default 48 KB, once per device.

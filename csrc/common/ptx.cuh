@@ -96,6 +96,12 @@ __device__ __forceinline__ uint32_t e4m3x2(float lo, float hi) {
   return r;
 }
 
+// A 16-byte store (dst 16-byte aligned): one instruction, where the compiler may split a uint4 store into four.
+__device__ __forceinline__ void store16(void* dst, const uint32_t (&v)[4]) {
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "r"(v[0]), "r"(v[1]), "r"(v[2]), "r"(v[3])
+               : "memory");
+}
+
 // A 32-bit global load with acquire and a store with release semantics, at GPU scope: flags between programs.
 __device__ __forceinline__ int load_acquire(const int* x) {
   int v;

@@ -383,9 +383,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       update_o(o_flat, alpha_prev, acc);
     }
     ring += wk.n_tiles;
+    const VStats<D> vs = load_v_stats<true, D>(p, k_head, t);
 
     const float sums[2] = {o[D / 8][0], o[D / 8][2]};  // every lane of the quad holds its rows' whole sums
-    store_rows<true, D, T>(p, static_cast<T*>(p.out) + wk.b * p.o_sb + wk.h * p.o_sh, k_head, q_head, row0 + wrow, t,
+    store_rows<true, D, T>(p, static_cast<T*>(p.out) + wk.b * p.o_sb + wk.h * p.o_sh, vs, q_head, row0 + wrow, t,
                            reinterpret_cast<const float(&)[D / 8][4]>(o), m, l, sums);
   }
 }

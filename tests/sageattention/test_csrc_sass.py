@@ -99,6 +99,14 @@ def test_kernels_compile_to_their_instructions(sass, family, source, arch):
         assert "STL" not in code and "LDL" not in code, f"local memory in csrc/{family}/{source} for sm_{arch}"
 
 
+@pytest.mark.parametrize("family, source, arch", [case for case in CASES if case[1].startswith("attention_")])
+def test_outputs_are_stored_in_16_byte_pieces(sass, family, source, arch):
+    """store_rows writes a whole 8-channel slice per lane with one 16-byte store (session 22: full 32-byte sectors and a
+    quarter of the store instructions); nvcc had split the same store, written as a uint4, into four 32-bit ones."""
+    for kernel in sass(family, source, arch).split("Function :")[1:]:
+        assert "STG.E.128" in kernel, f"{kernel.split()[0]}: no 16-byte store in csrc/{family}/{source} for sm_{arch}"
+
+
 def test_every_kernel_source_is_covered():
     sources = {(p.parent.name, p.name) for p in CSRC.glob("*/*.cu")}
     assert sources == set(EXPECTED), "add the new or renamed csrc/ sources to EXPECTED"
