@@ -311,7 +311,7 @@ __device__ __forceinline__ void quad_transpose(uint32_t (&v)[4], int t) {
 
 // The V scale and mean of a lane's channels (slice n: channels 8n + 2t and 8n + 2t + 1), which both of its rows use.
 // The arrays are d_pad long, so channels past d read padding. Loaded all at once, so that their L2 round trips
-// overlap (loaded before the last P·V, the sm90 kernel's d128 instantiations spill).
+// overlap.
 template <int D>
 struct VStats {
   float2 scale[D / 8], mean[D / 8];
@@ -333,9 +333,10 @@ template <bool kFp8, int D, typename T>
 __device__ __forceinline__ void store_rows(const AttentionParams& p, T* out, const VStats<D>& vs, int64_t q_head,
                                            int row, int t, const float (&o)[D / 8][4], const float (&m)[2],
                                            const float (&l)[2], const float* sums = nullptr) {
-  // Whole rows of 16-byte aligned channels (warp-uniform): the quad trades its values so that each lane stores one
-  // 8-channel slice in 16 bytes, full 32-byte sectors instead of half ones, and a quarter of the store instructions.
-  const bool whole_rows = p.d == D && p.o_sn % 8 == 0 && (reinterpret_cast<uintptr_t>(out) & 15) == 0;
+  // Whole rows of 16-byte aligned channels (the same for the whole call): the quad trades its values so that each
+  // lane stores one 8-channel slice in 16 bytes, full 32-byte sectors instead of half ones, and a quarter of the store
+  // instructions.
+  const bool whole_rows = p.d == D && vectorizable(Strided{p.out, p.o_sb, p.o_sh, p.o_sn});
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const float lse_sum = p.lse != nullptr || sums == nullptr ? quad_sum(l[i]) : 0.f;  // kFp8: stretched by 448

@@ -32,6 +32,11 @@ struct Strided {  // a [B, H, N, D] tensor with unit stride along D; strides in 
   int64_t sb, sh, sn;
 };
 
+// Whether rows of x can be read or written 16 bytes (8 elements) at a time: aligned base and strides.
+__host__ __device__ inline bool vectorizable(const Strided& x) {
+  return reinterpret_cast<uintptr_t>(x.ptr) % 16 == 0 && x.sb % 8 == 0 && x.sh % 8 == 0 && x.sn % 8 == 0;
+}
+
 struct PrepareParams {
   Strided q, k, v;
   int batch, hq, hk, nq, nk, d, d_pad, nq_pad, nk_pad;

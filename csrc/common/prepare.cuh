@@ -84,11 +84,6 @@ __device__ __forceinline__ void load8(const Strided& x, int b, int h, int n, int
   to_floats<T>(load8_raw<T>(x, b, h, n, n_rows, c0, d, vec), out);
 }
 
-// Whether rows of x can be read 16 bytes at a time (aligned base and strides).
-__device__ __forceinline__ bool vectorizable(const Strided& x) {
-  return reinterpret_cast<uintptr_t>(x.ptr) % 16 == 0 && x.sb % 8 == 0 && x.sh % 8 == 0 && x.sn % 8 == 0;
-}
-
 __device__ __forceinline__ int8_t round_to_int8(float y) {
   // round half away from zero, like the reference (trunc(y +- 0.5)); NaN (a non-finite group) becomes 0, its scale
   // carries the NaN

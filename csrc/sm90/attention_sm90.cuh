@@ -383,6 +383,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       update_o(o_flat, alpha_prev, acc);
     }
     ring += wk.n_tiles;
+    // after the last P·V (loaded before it, to overlap it, the d128 instantiations spill 20-28 bytes)
     const VStats<D> vs = load_v_stats<true, D>(p, k_head, t);
 
     const float sums[2] = {o[D / 8][0], o[D / 8][2]};  // every lane of the quad holds its rows' whole sums
