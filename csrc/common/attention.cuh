@@ -13,6 +13,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "common/launch.h"
 #include "common/params.h"
 #include "common/ptx.cuh"
 
@@ -531,28 +532,6 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(const AttentionP
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt)
     store_rows<kFp8, D, T>(p, out, vs, q_head, warp_row + 16 * mt, t, o[mt], m[mt], l[mt]);
-}
-
-// Lets kKernel use `bytes` of dynamic shared memory where that is over the default 48 KB, once per device.
-template <auto kKernel>
-void raise_dynamic_smem(int bytes) {
-  if (bytes <= 48 * 1024) return;
-  static bool raised[64] = {};
-  int device = 0;
-  cudaGetDevice(&device);
-  if (device >= 64 || !raised[device]) {
-    cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-    if (device < 64) raised[device] = true;
-  }
-}
-
-// Whether this module holds device code of kKernel that the current device can run.
-template <auto kKernel>
-bool has_device_code() {
-  cudaFuncAttributes attr;
-  const bool ok = cudaFuncGetAttributes(&attr, kKernel) == cudaSuccess;
-  cudaGetLastError();  // a missing kernel image is an answer here, not an error for the next launch to report
-  return ok;
 }
 
 // Launches the kernel for head_dim D (the padded one) and the caller's dtype.

@@ -8,12 +8,15 @@
 // Programs take units in the order they start (a ticket from an atomic counter), and a head's quantization units
 // come some heads after its statistics units (p.lag_heads): a waiting program waits only for programs that started
 // before it and wait for nothing, so the launch cannot deadlock whatever the residency, and the quantization units
-// reread K and V mostly from L2.
+// reread K and V mostly from L2. The per-block functions read rows through a loader (global_rows here), so the sm90
+// module's one-pass preparation of short heads (csrc/sm90/prepare.cu) runs them on rows held in shared memory.
 // Arithmetic matches sageattention/reference.py operation for operation (fp32, x * (1 / s) with an IEEE reciprocal,
 // round half away from zero), so the INT8 values are bit-exact given the same mean.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+
+#include <type_traits>
 
 #include "common/params.h"
 #include "common/ptx.cuh"
@@ -69,6 +72,12 @@ struct Packed<__nv_bfloat16> {
   using type = __nv_bfloat162;
 };
 
+// Eight floats from 16-byte aligned (shared) memory.
+__device__ __forceinline__ void load8f(const float* src, float (&out)[8]) {
+  *reinterpret_cast<float4*>(out) = reinterpret_cast<const float4*>(src)[0];
+  *reinterpret_cast<float4*>(out + 4) = reinterpret_cast<const float4*>(src)[1];
+}
+
 // The N 16-bit values held in raw (a uint2 or uint4), as floats.
 template <typename T, typename Raw, int N>
 __device__ __forceinline__ void to_floats(const Raw& raw, float (&out)[N]) {
@@ -116,11 +125,19 @@ __device__ __forceinline__ int group_bits(bool is_q, int gran) {
   return gran == kPerThread ? (R - 1) & ~6 : R - 1;
 }
 
-// INT8-quantizes rows [row0, row0 + R) of head (b, h) into out (rows of d_pad bytes) and per-row scales. ready()
-// runs once the block's loads are issued and before mean is read (it may wait for the mean).
-template <typename T, int R, int DPAD, typename Ready>
-__device__ void quantize_block(const Strided& x, int b, int h, int row0, int n_rows, int d, bool vec, bool is_q,
-                               int gran, const float* mean, int8_t* out, float* scale_out, Ready ready) {
+// A loader of the 16-bit rows of one head: load(n, chunk) is chunk (8 elements) of row n, zero past the head's
+// rows and columns (load8_raw from the caller's tensor, or a copy in shared memory).
+template <typename T>
+__device__ __forceinline__ auto global_rows(const Strided& x, int b, int h, int n_rows, int d) {
+  const bool vec = vectorizable(x);
+  return [&x, b, h, n_rows, d, vec](int n, int chunk) { return load8_raw<T>(x, b, h, n, n_rows, chunk * 8, d, vec); };
+}
+
+// INT8-quantizes rows [row0, row0 + R) of a head, read by `load`, into out (rows of d_pad bytes) and per-row
+// scales. ready() runs once the block's loads are issued and before mean is read (it may wait for the mean).
+template <typename T, int R, int DPAD, typename Load, typename Ready>
+__device__ void quantize_block(Load load, int row0, int n_rows, bool is_q, int gran, const float* mean, int8_t* out,
+                               float* scale_out, Ready ready) {
   constexpr int C = DPAD / 8;                  // 8-element chunks per row
   constexpr int kRowsPerPass = kPrepThreads / C;
   constexpr int kPasses = R / kRowsPerPass;
@@ -137,7 +154,7 @@ __device__ void quantize_block(const Strided& x, int b, int h, int row0, int n_r
   };
 #pragma unroll
   for (int i = 0; i < kPasses; ++i)
-    raw[i] = load8_raw<T>(x, b, h, row0 + t / C + i * kRowsPerPass, n_rows, chunk * 8, d, vec);
+    raw[i] = load(row0 + t / C + i * kRowsPerPass, chunk);
   ready();
 #pragma unroll
   for (int i = 0; i < kPasses; ++i) {
@@ -228,16 +245,20 @@ __device__ void reduce_channels(float (*red)[kRedStride], const float (&x)[8], f
   }
 }
 
-// Per-chunk statistics of head (b, hk) over tokens [n0, n0 + chunk_len), per channel: sums of K / nk (of_v false),
-// or max/min/sums of V / nk (the means' terms: the sum of bf16 K or V itself can overflow fp32 where the mean does
-// not). K and V are separate units: either alone keeps few accumulators, so the launch keeps many programs per SM.
-template <typename T, int DPAD>
-__device__ void kv_statistics(const PrepareParams& p, int b, int hk, int chunk_idx, bool of_v) {
+// Whether the statistics of K (of_v false) or V are needed at all.
+__host__ __device__ inline bool statistics_needed(const PrepareParams& p, bool of_v) {
+  return of_v ? p.v_mode == kVFp8 || p.smooth_v : p.smooth_k;
+}
+
+// Per-channel statistics of one head's tokens [n0, n1), read by `load`, into dst (4 x DPAD floats: K sums, V max,
+// V min, V sums): sums of K / nk (of_v false), or max/min/sums of V / nk (the means' terms: the sum of bf16 K or V
+// itself can overflow fp32 where the mean does not). K and V are separate units: either alone keeps few
+// accumulators, so the launch keeps many programs per SM. red: reduce_channels' shared scratch.
+template <typename T, int DPAD, typename Load>
+__device__ void kv_statistics(const PrepareParams& p, Load load, int n0, int n1, bool of_v, float* dst,
+                              float (*red)[kRedStride]) {
   constexpr int C = DPAD / 8, kRowsPerPass = kPrepThreads / C;
-  __shared__ float red[8][kRedStride];
   const int t = threadIdx.x, chunk = t % C;
-  const bool needed = of_v ? p.v_mode == kVFp8 || p.smooth_v : p.smooth_k;
-  const Strided& x = of_v ? p.v : p.k;
   using T2 = typename Packed<T>::type;  // V's extremes are taken on the 16-bit values, two per instruction (exact)
   const uint32_t inf = kInfBits<T> * 0x10001u;
   float sum[8], mx[8], mn[8];
@@ -245,12 +266,10 @@ __device__ void kv_statistics(const PrepareParams& p, int b, int hk, int chunk_i
   uint4 lo = make_uint4(inf, inf, inf, inf);
 #pragma unroll
   for (int e = 0; e < 8; ++e) sum[e] = 0.f;
-  const int n0 = chunk_idx * p.chunk_len, n1 = needed ? min(n0 + p.chunk_len, p.nk) : n0;
-  const bool vec = vectorizable(x);
   const float inv_n = 1.f / p.nk;
 #pragma unroll 4
   for (int n = n0 + t / C; n < n1; n += kRowsPerPass) {
-    const uint4 raw = load8_raw<T>(x, b, hk, n, p.nk, chunk * 8, p.d, vec);
+    const uint4 raw = load(n, chunk);
     float y[8];
     to_floats<T>(raw, y);
 #pragma unroll
@@ -265,49 +284,50 @@ __device__ void kv_statistics(const PrepareParams& p, int b, int hk, int chunk_i
   }
   to_floats<T>(hi, mx);
   to_floats<T>(lo, mn);
-  float* dst = p.partials + ((static_cast<int64_t>(b) * p.hk + hk) * p.n_chunks + chunk_idx) * 4 * DPAD;
   if (!of_v) return reduce_channels<DPAD, kSum>(red, sum, dst);
   reduce_channels<DPAD, kMax>(red, mx, dst + DPAD);
   reduce_channels<DPAD, kMin>(red, mn, dst + 2 * DPAD);
   reduce_channels<DPAD, kSum>(red, sum, dst + 3 * DPAD);
 }
 
-// The head's statistics from its chunks' (run by the head's last statistics unit of K or of V, once per call):
-// K's mean, or V's mean and FP8 scale, into p.k_mean, p.v_mean, p.v_scale. Each channel's chunks are combined in a
-// fixed order (the threads sharing a channel take every kParts-th chunk, then one of them adds the parts in order),
-// so the result does not depend on scheduling. V's mean is kept only on channels where v - mean stays within V's
-// type (a 16-bit P·V stores it there: fp16 V spanning +-65000 would overflow), as reference.usable_v_mean; other
-// channels are not smoothed.
-template <typename T, int DPAD>
-__device__ void finish_statistics(const PrepareParams& p, int64_t head, bool of_v) {
+// One head's statistics from its partials (n_parts of them; part(i, j) is value j of partial i at this thread's
+// channel: K's sum, or V's max, min and sum): K's mean, or V's mean and FP8 scale, handed to store(c, mean, scale)
+// by thread c < DPAD. Each channel's partials are combined in a fixed order (the threads sharing a channel
+// take every kParts-th partial, then one of them adds the parts in order), so the result does not depend on
+// scheduling. V's mean is kept only on channels where v - mean stays within V's type (a 16-bit P·V stores it there:
+// fp16 V spanning +-65000 would overflow), as reference.usable_v_mean; other channels are not smoothed.
+template <typename T, int DPAD, typename Part, typename Store>
+__device__ void finish_statistics(const PrepareParams& p, bool of_v, int n_parts, Part part, Store store) {
   constexpr int kParts = kPrepThreads / DPAD;
-  __shared__ float part[3][kPrepThreads];
+  __shared__ float parts[3][kPrepThreads];
   const int t = threadIdx.x, c = t % DPAD;
-  const float* src = p.partials + head * p.n_chunks * 4 * DPAD + (of_v ? DPAD : 0) + c;
   float sum = 0.f, mx = -INFINITY, mn = INFINITY;
 #pragma unroll 4
-  for (int i = t / DPAD; i < p.n_chunks; i += kParts) {
-    const float* s = src + i * 4 * DPAD;
-    if (of_v) mx = fmaxf(mx, __ldcg(s)), mn = fminf(mn, __ldcg(s + DPAD)), sum += __ldcg(s + 2 * DPAD);
-    else sum += __ldcg(s);
+  for (int i = t / DPAD; i < n_parts; i += kParts) {
+    if (of_v) mx = fmaxf(mx, part(i, 0)), mn = fminf(mn, part(i, 1)), sum += part(i, 2);
+    else sum += part(i, 0);
   }
-  part[0][t] = sum, part[1][t] = mx, part[2][t] = mn;
+  parts[0][t] = sum, parts[1][t] = mx, parts[2][t] = mn;
   __syncthreads();
   if (t >= DPAD) return;
 #pragma unroll
   for (int i = 1; i < kParts; ++i)
-    sum += part[0][t + i * DPAD], mx = fmaxf(mx, part[1][t + i * DPAD]), mn = fminf(mn, part[2][t + i * DPAD]);
-  if (!of_v) {
-    p.k_mean[head * DPAD + c] = p.smooth_k ? sum : 0.f;
-    return;
-  }
+    sum += parts[0][t + i * DPAD], mx = fmaxf(mx, parts[1][t + i * DPAD]), mn = fminf(mn, parts[2][t + i * DPAD]);
+  if (!of_v) return store(c, p.smooth_k ? sum : 0.f, 1.f);
   const float vm = p.smooth_v && fmaxf(mx - sum, sum - mn) <= kMaxFinite<T> ? sum : 0.f;
-  if (p.v_mean != nullptr) p.v_mean[head * DPAD + c] = vm;
   // max |v - mean| over tokens from the extremes (rounding is monotonic, so this equals the max of the rounded values)
-  float scale = fmaxf(mx - vm, vm - mn) / p.v_fp8_max;
+  const float scale = fmaxf(mx - vm, vm - mn) / p.v_fp8_max;
   // empty or all-equal channels: 1, like the reference
-  scale = (c >= p.d || !(scale > 0.f)) ? 1.f : scale < kMinScale ? kMinScale : scale;
-  if (p.v_scale != nullptr) p.v_scale[head * DPAD + c] = scale;
+  store(c, vm, (c >= p.d || !(scale > 0.f)) ? 1.f : scale < kMinScale ? kMinScale : scale);
+}
+
+// Channel c's finished statistics of a head into p.k_mean, or p.v_mean and p.v_scale (those the call has).
+__device__ __forceinline__ void publish_statistics(const PrepareParams& p, int64_t head, bool of_v, int c, float mean,
+                                                   float scale) {
+  const int64_t i = head * p.d_pad + c;
+  if (!of_v) p.k_mean[i] = mean;
+  if (of_v && p.v_mean != nullptr) p.v_mean[i] = mean;
+  if (of_v && p.v_scale != nullptr) p.v_scale[i] = scale;
 }
 
 // FP8 V^T of keys [n0, n0 + kKBlock) of head (b, hk), keys permuted within each 32-key group (kFp8KeySlot).
@@ -317,32 +337,33 @@ __device__ __forceinline__ int fp8_key_slot(int key) {
 }
 
 // Thread t converts key t % 64 of the block, kChunks 8-channel chunks of it: a warp's 32 keys fill 32 consecutive
-// bytes of a V^T row, so its byte stores into the transposed tile hit 8 words, not one bank 16 times. ready() runs
-// once the loads are issued and before mean and scale are read.
-template <typename T, int DPAD, typename Ready>
-__device__ void v_to_fp8(const PrepareParams& p, int b, int hk, int n0, const float* mean, const float* scale,
-                         Ready ready) {
+// bytes of a V^T row, so its byte stores into the transposed tile (shared, 16-byte aligned) hit 8 words, not one bank
+// 16 times. V's rows come from `load` (global_rows' form); ready() runs once the loads are issued and before mean and
+// inv_scale (1 / V's scale per channel; both 16-byte aligned) are read.
+template <typename T, int DPAD, typename Load, typename Ready>
+__device__ void v_to_fp8(const PrepareParams& p, int b, int hk, int n0, Load load, const float* mean,
+                         const float* inv_scale, Ready ready, uint8_t (*tile)[kKBlock]) {
   constexpr int kChunks = DPAD / 8 * kKBlock / kPrepThreads;
-  __shared__ __align__(16) uint8_t tile[DPAD][kKBlock];
   const int t = threadIdx.x, r = t % kKBlock;
-  const bool vec = vectorizable(p.v);
   const bool live = n0 + r < p.nk;  // padded keys stay exactly 0 (a mean would make them nonzero)
   const int slot = fp8_key_slot(r % 32) + (r / 32) * 32;
   uint4 raw[kChunks];
 #pragma unroll
   for (int i = 0; i < kChunks; ++i)
-    raw[i] = load8_raw<T>(p.v, b, hk, n0 + r, p.nk, (t / kKBlock * kChunks + i) * 8, p.d, vec);
+    raw[i] = load(n0 + r, t / kKBlock * kChunks + i);
   ready();
 #pragma unroll
   for (int i = 0; i < kChunks; ++i) {
     const int chunk = t / kKBlock * kChunks + i;
-    float x[8];
+    float x[8], m[8], inv[8];
     to_floats<T>(raw[i], x);
+    load8f(mean + chunk * 8, m);
+    load8f(inv_scale + chunk * 8, inv);
 #pragma unroll
     for (int e = 0; e < 8; e += 2) {
       const int c = chunk * 8 + e;
-      const float y0 = live ? (x[e] - mean[c]) * (1.f / scale[c]) : 0.f;
-      const float y1 = live ? (x[e + 1] - mean[c + 1]) * (1.f / scale[c + 1]) : 0.f;
+      const float y0 = live ? (x[e] - m[e]) * inv[e] : 0.f;
+      const float y1 = live ? (x[e + 1] - m[e + 1]) * inv[e + 1] : 0.f;
       const uint32_t two = ptx::e4m3x2(y0, y1);
       tile[c][slot] = static_cast<uint8_t>(two & 0xff);
       tile[c + 1][slot] = static_cast<uint8_t>(two >> 8);
@@ -414,9 +435,13 @@ __device__ __forceinline__ Unit kv_unit(const PrepareParams& p, int u) {
 template <typename T, int DPAD>
 __device__ void statistics_unit(const PrepareParams& p, int b, int hk, int stats) {
   __shared__ bool last;
+  __shared__ float red[8][kRedStride];
   const bool of_v = stats >= p.n_chunks;
   const int64_t head = static_cast<int64_t>(b) * p.hk + hk;
-  kv_statistics<T, DPAD>(p, b, hk, stats % p.n_chunks, of_v);
+  const int chunk = stats % p.n_chunks, n0 = chunk * p.chunk_len;
+  kv_statistics<T, DPAD>(p, global_rows<T>(of_v ? p.v : p.k, b, hk, p.nk, p.d), n0,
+                         statistics_needed(p, of_v) ? min(n0 + p.chunk_len, p.nk) : n0, of_v,
+                         p.partials + (head * p.n_chunks + chunk) * 4 * DPAD, red);
   __syncthreads();  // every thread's partials are written before they are published
   if (threadIdx.x == 0) {
     __threadfence();
@@ -425,7 +450,10 @@ __device__ void statistics_unit(const PrepareParams& p, int b, int hk, int stats
   }
   __syncthreads();
   if (!last) return;
-  finish_statistics<T, DPAD>(p, head, of_v);
+  const float* src = p.partials + head * p.n_chunks * 4 * DPAD + (of_v ? DPAD : 0) + threadIdx.x % DPAD;
+  finish_statistics<T, DPAD>(
+      p, of_v, p.n_chunks, [src](int i, int j) { return __ldcg(src + i * 4 * DPAD + j * DPAD); },
+      [&](int c, float mean, float scale) { publish_statistics(p, head, of_v, c, mean, scale); });
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();
@@ -436,7 +464,8 @@ __device__ void statistics_unit(const PrepareParams& p, int b, int hk, int stats
 // K block or V block `blk` of head (b, hk), once the head's statistics of that tensor are ready.
 template <typename T, int DPAD, bool kFp8V>
 __device__ void quantization_unit(const PrepareParams& p, int b, int hk, int quant) {
-  __shared__ float mean[DPAD], scale[DPAD];
+  __shared__ __align__(16) float mean[DPAD], inv_scale[DPAD];
+  __shared__ __align__(16) uint8_t tile[DPAD][kKBlock];
   const int k_blocks = p.nk_pad / kKBlock;
   const bool of_v = quant >= k_blocks;
   const int blk = of_v ? quant - k_blocks : quant;
@@ -452,15 +481,16 @@ __device__ void quantization_unit(const PrepareParams& p, int b, int hk, int qua
     if (c < DPAD) {
       const float* m = of_v ? p.v_mean : p.k_mean;
       mean[c] = m == nullptr ? 0.f : __ldcg(m + head * DPAD + c);
-      scale[c] = of_v && p.v_scale != nullptr ? __ldcg(p.v_scale + head * DPAD + c) : 1.f;
+      inv_scale[c] = of_v && p.v_scale != nullptr ? 1.f / __ldcg(p.v_scale + head * DPAD + c) : 1.f;
     }
     __syncthreads();
   };
   if (!of_v) {
-    quantize_block<T, kKBlock, DPAD>(p.k, b, hk, blk * kKBlock, p.nk, p.d, vectorizable(p.k), false, p.k_gran, mean,
-                                     p.k_i8 + head * p.nk_pad * DPAD, p.k_scale + head * p.nk_pad, ready);
+    quantize_block<T, kKBlock, DPAD>(global_rows<T>(p.k, b, hk, p.nk, p.d), blk * kKBlock, p.nk, false, p.k_gran,
+                                     mean, p.k_i8 + head * p.nk_pad * DPAD, p.k_scale + head * p.nk_pad, ready);
   } else if constexpr (kFp8V) {
-    v_to_fp8<T, DPAD>(p, b, hk, blk * kKBlock, mean, scale, ready);
+    v_to_fp8<T, DPAD>(p, b, hk, blk * kKBlock, global_rows<T>(p.v, b, hk, p.nk, p.d), mean, inv_scale, ready,
+                      tile);
   } else {
     ready();
     v_to_16bit<T, DPAD>(p, b, hk, blk * kKBlock, mean);
@@ -471,8 +501,8 @@ template <typename T, int DPAD>
 __global__ void __launch_bounds__(kPrepThreads) quantize_q_blocks(const PrepareParams p) {
   const int n = q_blocks(p), i = blockIdx.x, blk = i % n, h = (i / n) % p.hq, b = i / (n * p.hq);
   const int64_t head = static_cast<int64_t>(b) * p.hq + h;
-  quantize_block<T, kQBlock, DPAD>(p.q, b, h, blk * kQBlock, p.nq, p.d, vectorizable(p.q), true, p.q_gran, nullptr,
-                                   p.q_i8 + head * p.nq_pad * DPAD, p.q_scale + head * p.nq_pad, [] {});
+  quantize_block<T, kQBlock, DPAD>(global_rows<T>(p.q, b, h, p.nq, p.d), blk * kQBlock, p.nq, true, p.q_gran,
+                                   nullptr, p.q_i8 + head * p.nq_pad * DPAD, p.q_scale + head * p.nq_pad, [] {});
 }
 
 // Resident programs per SM that prepare_kv is compiled for (its registers per thread follow). Preparation is
@@ -507,8 +537,13 @@ inline int current_sm_count() {
   return sms;
 }
 
+template <typename T, int DPAD>
+void launch_quantize_q(const PrepareParams& p, cudaStream_t stream) {
+  if (q_blocks(p) > 0) quantize_q_blocks<T, DPAD><<<p.batch * p.hq * q_blocks(p), kPrepThreads, 0, stream>>>(p);
+}
+
 template <typename T, int DPAD, bool kFp8V>
-void launch_prepare(const PrepareParams& params, cudaStream_t stream) {
+void launch_prepare_kv(const PrepareParams& params, cudaStream_t stream) {
   static int per_sm = 0;  // resident programs per SM (the same on every device this module runs on)
   if (per_sm == 0) cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, prepare_kv<T, DPAD, kFp8V>, kPrepThreads, 0);
   const int sms = current_sm_count();
@@ -518,20 +553,30 @@ void launch_prepare(const PrepareParams& params, cudaStream_t stream) {
   // programs wait, and 162 at a whole, where fewer rereads hit L2; docs/benchmarks.md, session 19).
   const float lag_units = 0.5f * sms * per_sm * (p.chunk_len / kKBlock);
   p.lag_heads = max(1, static_cast<int>(ceilf(lag_units / (stats_units(p) + quant_units(p)))));
-  if (q_blocks(p) > 0) quantize_q_blocks<T, DPAD><<<p.batch * p.hq * q_blocks(p), kPrepThreads, 0, stream>>>(p);
   cudaMemsetAsync(p.counters, 0, (1 + 2 * p.batch * p.hk) * sizeof(int), stream);
   prepare_kv<T, DPAD, kFp8V><<<p.batch * p.hk * (stats_units(p) + quant_units(p)), kPrepThreads, 0, stream>>>(p);
+}
+
+// f(T*, std::integral_constant<int, DPAD>) for the call's 16-bit type T and padded head_dim DPAD (tags only).
+template <typename F>
+void with_type_and_head_dim(DType dtype, int d_pad, F f) {
+  using D64 = std::integral_constant<int, 64>;
+  using D128 = std::integral_constant<int, 128>;
+  half* f16 = nullptr;
+  __nv_bfloat16* bf16 = nullptr;
+  if (d_pad == 64) dtype == kBF16 ? f(bf16, D64{}) : f(f16, D64{});
+  else dtype == kBF16 ? f(bf16, D128{}) : f(f16, D128{});
 }
 
 // kFp8V: the module's V rewrite (FP8 V^T needs sm89's e4m3 conversions; the sm80 family writes 16-bit V).
 template <bool kFp8V>
 void prepare_for_family(const PrepareParams& p, DType dtype, cudaStream_t stream) {
-  const bool bf16 = dtype == kBF16;
-  if (p.d_pad == 64) {
-    bf16 ? launch_prepare<__nv_bfloat16, 64, kFp8V>(p, stream) : launch_prepare<half, 64, kFp8V>(p, stream);
-  } else {
-    bf16 ? launch_prepare<__nv_bfloat16, 128, kFp8V>(p, stream) : launch_prepare<half, 128, kFp8V>(p, stream);
-  }
+  with_type_and_head_dim(dtype, p.d_pad, [&](auto* type, auto d_pad) {
+    using T = std::remove_pointer_t<decltype(type)>;
+    constexpr int kD = decltype(d_pad)::value;
+    launch_quantize_q<T, kD>(p, stream);
+    launch_prepare_kv<T, kD, kFp8V>(p, stream);
+  });
 }
 
 }  // namespace sage

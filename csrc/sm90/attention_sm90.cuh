@@ -47,14 +47,6 @@ struct Layout {
   static constexpr int kSmem = kBarOff + 1024 + 1024;  // barriers, and slack to align the dynamic base to 1024
 };
 
-// Byte offset of (row, byte) in a tile of kRowBytes-long rows swizzled at that width (the copy engine's and the
-// wgmma descriptors' pattern: 16-byte chunk bits 4.. XOR address bits 7..).
-template <int kRowBytes>
-__device__ __forceinline__ int swizzled(int row, int byte) {
-  const int off = row * kRowBytes + byte;
-  return off ^ (((off >> 7) & (kRowBytes / 16 - 1)) << 4);
-}
-
 // INT8-quantizes this thread's Q rows `row` and row + 8 of the item (rows of the m16n8k32 A layout: bytes 4t..4t+3
 // and 16+4t..+3 of every 32) from the 16-bit copy q16 into q8 (rows of D bytes, swizzled as the Q·K^T descriptor
 // reads them) and returns their scale. The arithmetic and the scale groups (sageattention/quant_groups.py: a

@@ -21,6 +21,14 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr) {
          (static_cast<uint64_t>((8 * kRowBytes) >> 4) << 32) | (kSwizzle << 62);
 }
 
+// Byte offset of (row, byte) in a tile of kRowBytes-long rows swizzled at that width (the copy engine's and the
+// wgmma descriptors' pattern: 16-byte chunk bits 4.. XOR address bits 7..).
+template <int kRowBytes>
+__device__ __forceinline__ int swizzled(int row, int byte) {
+  const int off = row * kRowBytes + byte;
+  return off ^ (((off >> 7) & (kRowBytes / 16 - 1)) << 4);
+}
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int kPending>
@@ -85,6 +93,35 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
 // Barrier `id` (1..15; 0 is __syncthreads') over `count` threads, a multiple of 32.
 __device__ __forceinline__ void named_barrier(int id, int count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
+// Thread-block clusters: this program's rank and the cluster's size; a barrier over the cluster's threads, split
+// into arrive (release: this program's shared-memory writes before it; relaxed: no writes to publish) and wait
+// (acquire); a float of another
+// program's shared memory at the address `local` has in this one.
+__device__ __forceinline__ int cluster_rank() {
+  int r;
+  asm("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ int cluster_size() {
+  int n;
+  asm("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(n));
+  return n;
+}
+__device__ __forceinline__ void cluster_arrive() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ float load_from_rank(const float* local, int rank) {
+  uint32_t remote;
+  float v;
+  asm("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(ptx::smem_addr(local)), "r"(rank));
+  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(remote) : "memory");
+  return v;
 }
 
 }  // namespace sage::sm90
