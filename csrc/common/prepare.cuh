@@ -16,8 +16,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <type_traits>
-
 #include "common/params.h"
 #include "common/ptx.cuh"
 
@@ -537,13 +535,18 @@ inline int current_sm_count() {
   return sms;
 }
 
-template <typename T, int DPAD>
-void launch_quantize_q(const PrepareParams& p, cudaStream_t stream) {
-  if (q_blocks(p) > 0) quantize_q_blocks<T, DPAD><<<p.batch * p.hq * q_blocks(p), kPrepThreads, 0, stream>>>(p);
-}
+// The K/V preparation a family tries before prepare_kv (launch_kv returns whether it took the call): none here;
+// the sm90 module brings one (csrc/sm90/prepare.cu).
+struct NoKvFirst {
+  template <typename T, int DPAD>
+  static bool launch_kv(const PrepareParams&, cudaStream_t) { return false; }
+};
 
-template <typename T, int DPAD, bool kFp8V>
-void launch_prepare_kv(const PrepareParams& params, cudaStream_t stream) {
+template <typename T, int DPAD, bool kFp8V, typename KvFirst>
+void launch_prepare(const PrepareParams& params, cudaStream_t stream) {
+  if (q_blocks(params) > 0)
+    quantize_q_blocks<T, DPAD><<<params.batch * params.hq * q_blocks(params), kPrepThreads, 0, stream>>>(params);
+  if (KvFirst::template launch_kv<T, DPAD>(params, stream)) return;
   static int per_sm = 0;  // resident programs per SM (the same on every device this module runs on)
   if (per_sm == 0) cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, prepare_kv<T, DPAD, kFp8V>, kPrepThreads, 0);
   const int sms = current_sm_count();
@@ -557,26 +560,17 @@ void launch_prepare_kv(const PrepareParams& params, cudaStream_t stream) {
   prepare_kv<T, DPAD, kFp8V><<<p.batch * p.hk * (stats_units(p) + quant_units(p)), kPrepThreads, 0, stream>>>(p);
 }
 
-// f(T*, std::integral_constant<int, DPAD>) for the call's 16-bit type T and padded head_dim DPAD (tags only).
-template <typename F>
-void with_type_and_head_dim(DType dtype, int d_pad, F f) {
-  using D64 = std::integral_constant<int, 64>;
-  using D128 = std::integral_constant<int, 128>;
-  half* f16 = nullptr;
-  __nv_bfloat16* bf16 = nullptr;
-  if (d_pad == 64) dtype == kBF16 ? f(bf16, D64{}) : f(f16, D64{});
-  else dtype == kBF16 ? f(bf16, D128{}) : f(f16, D128{});
-}
-
 // kFp8V: the module's V rewrite (FP8 V^T needs sm89's e4m3 conversions; the sm80 family writes 16-bit V).
-template <bool kFp8V>
+template <bool kFp8V, typename KvFirst = NoKvFirst>
 void prepare_for_family(const PrepareParams& p, DType dtype, cudaStream_t stream) {
-  with_type_and_head_dim(dtype, p.d_pad, [&](auto* type, auto d_pad) {
-    using T = std::remove_pointer_t<decltype(type)>;
-    constexpr int kD = decltype(d_pad)::value;
-    launch_quantize_q<T, kD>(p, stream);
-    launch_prepare_kv<T, kD, kFp8V>(p, stream);
-  });
+  const bool bf16 = dtype == kBF16;
+  if (p.d_pad == 64) {
+    bf16 ? launch_prepare<__nv_bfloat16, 64, kFp8V, KvFirst>(p, stream)
+         : launch_prepare<half, 64, kFp8V, KvFirst>(p, stream);
+  } else {
+    bf16 ? launch_prepare<__nv_bfloat16, 128, kFp8V, KvFirst>(p, stream)
+         : launch_prepare<half, 128, kFp8V, KvFirst>(p, stream);
+  }
 }
 
 }  // namespace sage

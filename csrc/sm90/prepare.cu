@@ -93,10 +93,15 @@ __global__ void __launch_bounds__(kPrepThreads, kClusterProgramsPerSm)
   cluster_wait();  // no program leaves while another may still read its partials
 }
 
-// K and V prepared in clusters where the call allows it (FP8 V^T, rows the copy engine can read, heads that fit);
-// false where prepare_kv must do it (or the device cannot run the clusters).
+// prepare_for_family's first try: K and V prepared in clusters where the call allows it (FP8 V^T, rows the copy
+// engine can read, heads that fit); false where prepare_kv must do it (or the device cannot run the clusters).
+struct InClusters {
+  template <typename T, int DPAD>
+  static bool launch_kv(const PrepareParams& p, cudaStream_t stream);
+};
+
 template <typename T, int DPAD>
-bool launch_prepare_kv_cluster(const PrepareParams& p, cudaStream_t stream) {
+bool InClusters::launch_kv(const PrepareParams& p, cudaStream_t stream) {
   const int slice = cluster_slice(p.nk_pad, DPAD);
   if (p.v_mode != kVFp8 || slice == 0 || !vectorizable(p.k) || !vectorizable(p.v)) return false;
   constexpr auto kKernel = prepare_kv_cluster<T, DPAD>;
@@ -125,10 +130,5 @@ bool launch_prepare_kv_cluster(const PrepareParams& p, cudaStream_t stream) {
 }  // namespace sage::sm90
 
 void sage::prepare_qkv(const PrepareParams& p, DType dtype, cudaStream_t stream) {
-  with_type_and_head_dim(dtype, p.d_pad, [&](auto* type, auto d_pad) {
-    using T = std::remove_pointer_t<decltype(type)>;
-    constexpr int kD = decltype(d_pad)::value;
-    launch_quantize_q<T, kD>(p, stream);
-    if (!sm90::launch_prepare_kv_cluster<T, kD>(p, stream)) launch_prepare_kv<T, kD, true>(p, stream);
-  });
+  prepare_for_family<true, sm90::InClusters>(p, dtype, stream);
 }
