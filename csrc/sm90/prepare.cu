@@ -18,11 +18,12 @@ namespace {
 
 // Slices of 32-64 KB of 16-bit rows (128-256 tokens at d128, 256-512 at d64) in clusters of up to 16 programs
 // measured fastest on an H100; 128 KB slices (one program per SM) were slower than prepare_kv (docs/benchmarks.md,
-// session 23): heads up to 4096 tokens at d128 and 8192 at d64 take this path (past 8 programs a cluster has a
+// session 23). Slices up to 80 KB (two programs per SM) still beat prepare_kv on Flux's 4608-token heads (session
+// 24), so heads up to 5120 tokens at d128 and 10240 at d64 take this path (past 8 programs a cluster has a
 // non-portable size, which the launch allows).
 constexpr int kMaxCluster = 16;
 constexpr int kMinSliceBytes = 32 * 1024;
-constexpr int kMaxSliceBytes = 64 * 1024;
+constexpr int kMaxSliceBytes = 80 * 1024;
 constexpr int kClusterProgramsPerSm = 4;  // registers for four resident programs (shared memory holds four 32 KB ones)
 
 // Tokens per program for a head of nk_pad tokens (whole 64-key blocks), or 0 where the head does not fit.
