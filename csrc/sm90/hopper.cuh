@@ -97,8 +97,7 @@ __device__ __forceinline__ void named_barrier(int id, int count) {
 
 // Thread-block clusters: this program's rank and the cluster's size; a barrier over the cluster's threads, split
 // into arrive (release: this program's shared-memory writes before it; relaxed: no writes to publish) and wait
-// (acquire); a float of another
-// program's shared memory at the address `local` has in this one.
+// (acquire); a float of another program's shared memory at the address `local` has in this one.
 __device__ __forceinline__ int cluster_rank() {
   int r;
   asm("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
