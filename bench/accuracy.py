@@ -5,7 +5,8 @@
 Structured inputs (bench.workloads.inputs): keys shifted by a per-channel bias, a few outlier query channels.
 The methods separate what each choice costs: Q/K granularity (per-thread, per-warp, per-block with FP8 P·V),
 P·V precision (16-bit against FP8, with fp32 or fp16 per-tile accumulation), and the Triton path; "sdpa bf16" is
-the error of unquantized 16-bit attention, the floor of any 16-bit kernel.
+the error of unquantized 16-bit attention, the floor of any 16-bit kernel. sageattn's SDPA fallback is off here, so
+that its rows are the quantized kernels' error on every shape (a plain call the fallback takes has SDPA's).
 """
 from __future__ import annotations
 
@@ -99,6 +100,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("bench.accuracy needs a CUDA GPU", file=sys.stderr)
         return 2
+    sa.set_sdpa_fallback(False)
     notes: dict = {}
     meta = dict(run_meta("bench.accuracy", argv), notes=notes)
     stem = args.out / f"{meta['device'].replace(' ', '_')}_accuracy"

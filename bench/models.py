@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+import sageattention
 from bench.run import RESULTS, median_ms, run_meta, write_results
 from bench.workloads import METHODS, MODELS, SAGE_FUNCTIONS, Model, inputs, methods, pinned
 
@@ -63,11 +64,18 @@ def back_to_back_ms(fn, calls: int, repeats: int = 5, wait: bool = True) -> floa
     return statistics.median(per_call)
 
 
+def sageattn_path(m: Model, qkv) -> str:
+    """Which kernels a plain sageattn call runs on m's inputs (SDPA below a size or, on some GPUs, a length)."""
+    return sageattention.explain(*qkv, tensor_layout=m.layout, is_causal=m.causal)
+
+
 def measure(m: Model, names, calls: int, notes: dict) -> dict:
     """Median ms and TOPS of each method on m's shape, and (calls > 0) its back-to-back ms/call; None where a method
     raises. The first warning of each method (e.g. a `_cuda` variant running on Triton) goes to notes."""
-    fns = methods(m, *inputs(m))
-    row = dict(model=m.key, label=m.label, shape=m.shape(), median_ms={}, tops={})
+    qkv = inputs(m)
+    fns = methods(m, *qkv)
+    row = dict(model=m.key, label=m.label, shape=m.shape(), sageattn_path=sageattn_path(m, qkv), median_ms={},
+               tops={})
     for name in names:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -153,6 +161,10 @@ def markdown(rows, meta: dict, names) -> str:
         ranges = {k.removeprefix("import_").removesuffix("_s"): [i[k] for i in imports] for k in imports[0]}
         text += "\nImports in the fresh processes: " + ", ".join(
             f"{what} {min(ts):.2f}–{max(ts):.2f} s" for what, ts in ranges.items()) + "\n"
+    paths = [r for r in rows if r.get("sageattn_path")]
+    if paths:
+        text += "\nWhat a plain `sageattn` call runs:\n" + "".join(f"- {r['label']}: {r['sageattn_path']}\n"
+                                                                  for r in paths)
     if meta.get("notes"):
         text += "\nWarnings (first call of each method):\n" + "".join(f"- {n}: {w}\n" for n, w in meta["notes"].items())
     return text

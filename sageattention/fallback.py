@@ -1,7 +1,9 @@
 """Small problems go to PyTorch's scaled_dot_product_attention, so that `sageattn` is never meaningfully slower.
 
 Quantized attention pays for quantizing Q, K and V with faster matrix products; with a handful of keys (text
-cross-attention: 77) or a tiny problem there is nothing to win back, and PyTorch's kernels are exact. Only
+cross-attention: 77) or a tiny problem there is nothing to win back, and PyTorch's kernels are exact. Where a
+compiled family was measured slower than SDPA below some number of keys (archs.py's "sdpa_below_keys": Hopper's
+short sequences), those calls go to SDPA too. Only
 `sageattn` does this (the named variants always run their kernels), and only where SDPA computes the same thing:
 no LSE asked for, no attention mask, no causal alignment that leaves rows without keys (SDPA gives those NaN,
 sageattn 0).
@@ -14,6 +16,8 @@ from __future__ import annotations
 import os
 
 import torch
+
+from . import archs
 
 
 MIN_KEYS = 128  # fewer keys than one quantization block of K
@@ -36,16 +40,32 @@ def set_sdpa_fallback(enabled: bool) -> None:
     _enabled = bool(enabled)
 
 
+def _sdpa_agrees(is_causal: bool, causal_offset: int, masked: bool, return_lse: bool) -> bool:
+    """The fallback is on and SDPA computes what sageattn would."""
+    return _enabled and not (return_lse or masked or (is_causal and causal_offset < 0))
+
+
 def sdpa_reason(b: int, hq: int, nq: int, nk: int, d: int, *, is_causal: bool, causal_offset: int, masked: bool,
                 return_lse: bool) -> str | None:
     """Why this `sageattn` call goes to SDPA, or None when it runs the quantized kernels."""
-    if not _enabled or return_lse or masked or (is_causal and causal_offset < 0):
+    if not _sdpa_agrees(is_causal, causal_offset, masked, return_lse):
         return None
     if nk < MIN_KEYS:
         return f"{nk} keys (fewer than {MIN_KEYS}): quantizing K and V cannot pay off"
     if b * hq * nq * nk * d < MIN_MACS:
         return f"{b * hq * nq * nk * d} multiply-adds (fewer than 2**31): too small to pay for quantization"
     return None
+
+
+def slower_kernels_reason(family: str, nk: int, d: int, *, is_causal: bool, causal_offset: int,
+                          return_lse: bool) -> str | None:
+    """Why a `sageattn` call that the compiled `family` would run goes to SDPA instead (fewer keys than where that
+    family measured faster than SDPA: archs.py's "sdpa_below_keys"), or None."""
+    below = archs.FAMILIES[family].get("sdpa_below_keys", {}).get((64 if d <= 64 else 128, is_causal))
+    if below is None or nk >= below or not _sdpa_agrees(is_causal, causal_offset, False, return_lse):
+        return None
+    kind = "causal, " if is_causal else ""
+    return f"{nk} keys ({kind}head_dim {d}): the {family} kernels run slower than SDPA below {below} keys"
 
 
 def sdpa(q, k, v, tensor_layout: str, is_causal: bool, causal_offset: int, sm_scale: float) -> torch.Tensor:

@@ -83,10 +83,12 @@ def test_measure_times_each_method_and_keeps_going_past_one_that_raises(monkeypa
 
     monkeypatch.setattr(models, "inputs", lambda m: ())
     monkeypatch.setattr(models, "methods", lambda m: {n: call(n) for n in count})
+    monkeypatch.setattr(models, "sageattn_path", lambda m, qkv: "compiled sm90 kernels")
     monkeypatch.setattr(models, "median_ms", lambda fn, label: (fn(), None if "flash" in label else 0.5)[1])
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     notes = {}
     row = models.measure(m, ["sdpa flash", "sageattn"], calls=5, notes=notes)
+    assert row["sageattn_path"] == "compiled sm90 kernels"
     assert row["median_ms"] == {"sdpa flash": None, "sageattn": 0.5}
     assert row["tops"] == {"sdpa flash": None, "sageattn": round(m.tops(0.5), 1)}
     assert set(row["ms_per_call"]) == {"sageattn"} and row["ms_per_call"]["sageattn"] >= 0
@@ -165,6 +167,8 @@ def test_markdown_has_one_table_per_measured_column():
     assert "| 0.07 | 1.80 |" in text and "| 1.5 | — |" in text
     assert "torch 1.10–1.30 s, sageattention 0.20–0.20 s" in text
     assert "- sageattn: running on Triton" in text
+    rows[1]["sageattn_path"] = "sdpa: 77 keys (fewer than 128): quantizing K and V cannot pay off"
+    assert "- SDXL cross-attn: sdpa: 77 keys" in models.markdown(rows, meta, names)
     del rows[0]["spread_pct"], rows[1]["spread_pct"]
     assert "max/min" not in models.markdown(rows, meta, names)
 

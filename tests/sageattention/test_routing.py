@@ -7,7 +7,7 @@ import torch
 from torch.nn.attention.bias import causal_lower_right
 
 import sageattention as sa
-from sageattention import core, dispatch, fallback
+from sageattention import archs, core, dispatch, fallback
 from tests.sageattention.helpers import DEVICE, fp64_out, make_qkv, metrics
 
 
@@ -269,3 +269,42 @@ def test_sdpa_reason_thresholds():
         assert fallback.sdpa_reason(1, 16, 1024, 77, 64, **dict(kw, return_lse=True)) is None
     finally:
         fallback.set_sdpa_fallback(False)
+
+
+HOPPER_CROSSOVER = archs.FAMILIES["sm90"]["sdpa_below_keys"]
+
+
+@pytest.mark.parametrize("d, causal", [(64, False), (64, True), (96, False), (128, False), (128, True)])
+def test_hopper_hands_sequences_shorter_than_its_crossover_to_sdpa(sdpa_fallback, d, causal):
+    """archs.py's "sdpa_below_keys": under that many keys the sm90 kernels measured slower than SDPA (head_dim 96 is
+    padded to 128); at it they run; other families have no such bound."""
+    below = HOPPER_CROSSOVER[(64 if d <= 64 else 128, causal)]
+    kw = dict(is_causal=causal, causal_offset=0, return_lse=False)
+    reason = fallback.slower_kernels_reason("sm90", below - 1, d, **kw)
+    assert reason and f"below {below} keys" in reason
+    assert fallback.slower_kernels_reason("sm90", below, d, **kw) is None
+    assert fallback.slower_kernels_reason("sm89", 256, d, **kw) is None
+    assert fallback.slower_kernels_reason("sm90", 256, d, **dict(kw, return_lse=True)) is None
+    if causal:  # bottom-right alignment leaving rows without keys: SDPA would give NaN there
+        assert fallback.slower_kernels_reason("sm90", 256, d, **dict(kw, causal_offset=-1)) is None
+    fallback.set_sdpa_fallback(False)
+    assert fallback.slower_kernels_reason("sm90", below - 1, d, **kw) is None
+
+
+def test_sageattn_on_hopper_routes_by_key_count(sdpa_fallback, gpu, compiled_calls, monkeypatch):
+    """sageattn sends a short Hopper call to SDPA (explain says why) and a long one to the sm90 kernels; the named
+    `_cuda` variants always run their kernels; an Ada GPU runs its kernels at any length."""
+    gpu((9, 0), built=("sm80", "sm89", "sm90"))
+    sdpa_calls = []
+    monkeypatch.setattr(fallback, "sdpa", lambda q, *a: sdpa_calls.append(a) or q)
+    below = HOPPER_CROSSOVER[(128, False)]
+    short, long = qkv(nq=1024, nk=below - 1, d=128, hq=8, hk=8), qkv(nq=1024, nk=below, d=128, hq=8, hk=8)
+    assert sa.explain(*short) == (f"sdpa: {below - 1} keys (head_dim 128): the sm90 kernels run slower than SDPA "
+                                  f"below {below} keys")
+    assert sa.explain(*long).startswith("compiled sm90")
+    sa.sageattn(*short)
+    sa.sageattn(*long)
+    core.sageattn_qk_int8_pv_fp8_cuda(*short)
+    assert len(sdpa_calls) == 1 and [a[7] for a in compiled_calls] == ["sm90", "sm90"]
+    gpu((8, 9))
+    assert sa.explain(*short).startswith("compiled sm89")
