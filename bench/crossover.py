@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 import sageattention
-from bench.run import RESULTS, median_ms, run_meta, write_results
+from bench.run import RESULTS, fa3_shape, median_ms, run_meta, write_results
 from bench.workloads import attention_tops
 
 TOLERANCE = 0.97  # sageattn / SDPA throughput that still counts as "not slower"
@@ -30,7 +30,7 @@ def shapes():
     for d in (64, 128):
         for causal in (False, True):
             for n in KEYS:
-                yield dict(batch="fa3", b=max(1, 16384 // n), h=2048 // d, n=n, d=d, causal=causal)
+                yield dict(batch="fa3", **fa3_shape(n, d, causal))
                 yield dict(batch="one sequence", b=1, h=24 if d == 128 else 20, n=n, d=d, causal=causal)
 
 

@@ -76,8 +76,8 @@ def compiled_accum(plan: Plan) -> int:
 def _route(fn_name, device, cap, plan, *, b, hq, nq, nk, d, is_causal, causal_offset, masked, return_lse, kernels):
     """Which kernels run a call: ("sdpa", why), ("compiled", family) or ("triton", why). kernels, what the entry point
     may run: "auto" (sageattn: SDPA for small problems, else the compiled kernels where built and archs.py prefers
-    them, unless they run slower than SDPA at that length, else Triton), "compiled" (the `_cuda` variants: the compiled kernels wherever built) or "triton" (the
-    `_triton` variant, and sageattn pinned to Triton by bench/)."""
+    them, unless they run slower than SDPA at that length, else Triton), "compiled" (the `_cuda` variants: the
+    compiled kernels wherever built) or "triton" (the `_triton` variant, and sageattn pinned to Triton by bench/)."""
     if kernels == "auto":
         why = fallback.sdpa_reason(b, hq, nq, nk, d, is_causal=is_causal, causal_offset=causal_offset, masked=masked,
                                    return_lse=return_lse)
