@@ -23,7 +23,7 @@ from bench.run import RESULTS, fa3_shape, median_ms, run_meta, write_results
 from bench.workloads import attention_tops
 
 TOLERANCE = 0.97  # sageattn / SDPA throughput that still counts as "not slower"
-KEYS = (1024, 2048, 3072, 4096, 6144, 8192, 12288, 16384)
+KEYS = (1024, 2048, 3072, 4096, 4608, 5120, 6144, 8192, 12288, 16384)  # 4608: Flux at 1024 x 1024
 
 
 def shapes():

@@ -3,8 +3,9 @@
     python -m bench.warm [--quick] [--suite fa3] [--jobs 16]   # the options of bench.run, then run it
 
 The autotuner compiles every config of a new shape key, ~15 s of CPU each, one at a time in the timing
-process. Here each worker process runs sageattn once on one (N, d, causal, heads) key with batch 1 (the
-head count is a compile-time constant), and Triton's on-disk cache hands the binaries to the benchmark.
+process. Here each worker process runs sageattn's Triton path once on one (N, d, causal, heads) key with batch 1
+(the head count is a compile-time constant), and Triton's on-disk cache hands the binaries to the benchmark.
+The Triton path is called by name: where compiled kernels serve the GPU, a plain sageattn call compiles nothing.
 """
 from __future__ import annotations
 
@@ -18,11 +19,11 @@ from bench.run import SUITES, shapes
 def _compile(key) -> str:
     import torch
 
-    import sageattention
+    from bench.workloads import sageattn_on_triton
 
     n, d, causal, h = key
     q, k, v = (torch.randn(1, h, n, d, device="cuda", dtype=torch.float16) for _ in range(3))
-    sageattention.sageattn(q, k, v, is_causal=causal)
+    sageattn_on_triton(q, k, v, is_causal=causal)
     torch.cuda.synchronize()
     return f"N={n} d{d} H={h}{' causal' if causal else ''}"
 
