@@ -16,11 +16,10 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 import sageattention
 from bench.run import RESULTS, fa3_shape, median_ms, run_meta, write_results
-from bench.workloads import attention_tops
+from bench.workloads import attention_tops, sdpa_call
 
 TOLERANCE = 0.97  # sageattn / SDPA throughput that still counts as "not slower"
 KEYS = (1024, 2048, 3072, 4096, 4608, 5120, 6144, 8192, 12288, 16384)  # 4608: Flux at 1024 x 1024
@@ -37,7 +36,7 @@ def shapes():
 def measure(s: dict) -> dict:
     q, k, v = (torch.randn(s["b"], s["h"], s["n"], s["d"], device="cuda", dtype=torch.float16) for _ in range(3))
     calls = {"sageattn": lambda: sageattention.sageattn(q, k, v, is_causal=s["causal"]),
-             "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=s["causal"])}
+             "sdpa": sdpa_call(None, q, k, v, is_causal=s["causal"])}
     tops = {}
     for name, fn in calls.items():
         ms = median_ms(fn, f"{name} on {s}")
