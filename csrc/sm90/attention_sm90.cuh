@@ -96,6 +96,16 @@ __device__ __forceinline__ float quantize_q(const uint8_t* q16, uint8_t* q8, int
   return scale;
 }
 
+// Issues S = Q·K^T of a tile (both operands in shared memory) into sc and commits it.
+template <int D>
+__device__ __forceinline__ void qk_issue(int (&sc)[64], uint32_t q_smem, uint32_t k_smem) {
+  wgmma_fence();  // orders this thread's writes of o, acc and pa before the MMAs that read them
+#pragma unroll
+  for (int kk = 0; kk < D / 32; ++kk)
+    wgmma_s8_m64n128k32(sc, smem_desc<D>(q_smem + 32 * kk), smem_desc<D>(k_smem + 32 * kk), kk > 0);
+  wgmma_commit();
+}
+
 // Issues d (+)= P·[V | 1] over a tile's 128 keys (four k32 steps, V^T and its rows of ones from the stage at v_smem):
 // columns D..D+7 of d get P's row sums. d is overwritten (the tile accumulator of two-level accumulation). The
 // caller commits and waits.
@@ -128,10 +138,8 @@ __device__ __forceinline__ void fold_max(int (&v)[16]) {
 // Tiles at the end of the keys or on the causal diagonal (`masked`, warp-uniform) dequantize first and mask; their
 // scores are then floats, kept in sc's registers as bits (one set of 64 registers live across the two phases).
 // The branch holds no shuffle: ptxas serializes the warpgroup MMAs of a loop whose shuffles sit in a divergent path.
-__device__ __forceinline__ void tile_max(int (&sc)[64], const float (&s)[2], bool masked, int key0, int t,
-                                         int row, const AttentionParams& p, float (&m)[2], float (&shift)[2],
-                                         float (&alpha)[2]) {
-  float mx[2];
+__device__ __forceinline__ void row_max(int (&sc)[64], const float (&s)[2], bool masked, int key0, int t, int row,
+                                        const AttentionParams& p, float (&mx)[2]) {
   if (masked) {
     float x[16][4];
 #pragma unroll
@@ -163,8 +171,34 @@ __device__ __forceinline__ void tile_max(int (&sc)[64], const float (&s)[2], boo
       }
     }
   }
+}
+
+__device__ __forceinline__ void tile_max(int (&sc)[64], const float (&s)[2], bool masked, int key0, int t,
+                                         int row, const AttentionParams& p, float (&m)[2], float (&shift)[2],
+                                         float (&alpha)[2]) {
+  float mx[2];
+  row_max(sc, s, masked, key0, t, row, p, mx);
 #pragma unroll
   for (int i = 0; i < 2; ++i) shift[i] = online_max<true>(mx[i], m[i], alpha[i]);
+}
+
+__device__ __forceinline__ float quad_max(float x) {
+#pragma unroll
+  for (int off = 1; off < 4; off *= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, off));
+  return x;
+}
+
+// Log2 units of room a speculative tile's shift leaves above the running max (the dual loop below): 1 measured 2-10 %
+// slower at d64 (more tiles taken again), 3 the same as 2 (session 27).
+constexpr int kSpecRoom = 2;
+
+// The exponent shift of a tile whose rows' scores stay <= m + kHeadroom: P = exp2(x - shift) peaks at 448
+// (p_shift's stretch and coarse-ulp guard, kHeadroom log2 units lower). m = -inf (no key yet) shifts as 0.
+template <int kHeadroom>
+__device__ __forceinline__ float headroom_shift(float m) {
+  if (m == -INFINITY) m = 0.f;
+  const float shift = m - (kLog2PScale - kHeadroom);
+  return m - shift > 8.85f - kHeadroom ? __int_as_float(__float_as_int(shift) + (shift > 0.f ? 1 : -1)) : shift;
 }
 
 // O's deferred update: alpha_prev, the factor of the tile whose P·V acc holds, brings o to that tile's shift.
@@ -180,7 +214,7 @@ __device__ __forceinline__ void update_o(float (&o)[kOut], const float (&alpha_p
 // LSE is asked for (kLse), l's fp32 sums of P (clamped at 448 as e4m3 saturates; even skipped at run time they cost
 // 8-15 %, session 18). kDequantized: sc holds float scores, already dequantized (masked tiles); otherwise integers,
 // converted and dequantized here.
-template <bool kDequantized, bool kLse, int kOut>
+template <bool kDequantized, bool kLse, int kOut, bool kUpdate = true>
 __device__ __forceinline__ void tile_exp(const int (&sc)[64], const float (&s)[2],
                                          const float (&shift)[2], const float (&alpha)[2], const float (&alpha_prev)[2],
                                          const float (&acc)[kOut], float (&o)[kOut], float (&l)[2],
@@ -194,7 +228,7 @@ __device__ __forceinline__ void tile_exp(const int (&sc)[64], const float (&s)[2
       y[j][e] = kDequantized ? exp2_approx(__int_as_float(sc[4 * j + e]) - shift[i])
                              : exp2_approx(fmaf(static_cast<float>(sc[4 * j + e]), s[j / 8], -shift[i]));
     }
-  update_o(o, alpha_prev, acc);
+  if constexpr (kUpdate) update_o(o, alpha_prev, acc);
   if constexpr (kLse) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -236,7 +270,8 @@ __host__ __device__ inline int work_items(const AttentionParams& p) {
 // Persistent: program i runs items i, i + gridDim.x, ...; the K/V ring and its barrier phases run on across items,
 // so the producer loads the next item's Q and first tiles while the consumers finish the current one.
 // kLse: the call asks for the LSE (p.lse), which needs fp32 row sums besides the tensor cores' (tile_exp).
-template <int D, typename T, bool kLse>
+// kDual: the tile loop with two P·V buffers and speculative exponents (below; launch_for says where it runs).
+template <int D, typename T, bool kLse, bool kDual>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_sm90_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                           const __grid_constant__ CUtensorMap v_map, const AttentionParams p) {
@@ -306,10 +341,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     float alpha_prev[2] = {0.f, 0.f};  // the last softmax's alpha, applied to o with that tile's P·V
 #pragma unroll
     for (int i = 0; i < kOut; ++i) acc[i] = 0.f;  // tile 0's update adds nothing
-    auto issue_pv = [&](int stage) {  // the previous tile's P·V, in flight until the next tile's exponent phase
-      pv_issue<D>(acc, pa, v_smem(stage));
-      wgmma_commit();
-    };
     // K scales of a tile's two 64-key quantization periods (keys past nk_pad are masked), loaded a tile ahead
     auto load_ks = [&](int tile, float (&ks)[2]) {
 #pragma unroll
@@ -328,6 +359,111 @@ __global__ void __launch_bounds__(kThreads, 1)
     named_barrier(wg, 128);  // the warpgroup's rows are all written before its MMAs read them
     if (wk.n_tiles == 0) mbar_arrive(q_empty);
 
+    if constexpr (kDual) {
+      // The dual loop. In the loop below, one P·V buffer makes tile j's exponent run wait for tile j - 1's P·V (the
+      // run adds it to o and overwrites its P), so the row maxima are taken meanwhile, on the chain from S to P.
+      // Here tile j's run adds tile j - 2's P·V (acc_add, complete) to o and packs P into the other buffer (pa_new)
+      // while tile j - 1's P·V (acc_pv, pa_pv) runs; and after the item's first tile, a tile that needs no mask
+      // takes its exponents speculatively, with the shift of the rows' running max plus kSpecRoom, and its row
+      // maxima in the same run. A warp where a row went past that room takes the tile's exponents again with the
+      // new max (the INT32 scores are still there). The buffers alternate by tile parity, the loop unrolled by two
+      // so that each keeps its registers.
+      static_assert(!kLse, "the LSE's sums would spill: LSE calls take the loop below");
+      auto stage = [&](int tile) { return (ring + tile) % L::kStages; };
+      // Tile `tile`'s S = Q·K^T issued into sc once its stage has arrived (sf: its dequantization factors), then the
+      // previous tile's P·V (from pa_pv into acc_pv; none at tile 0), and the wait for S, leaving that P·V running.
+      auto start_tile = [&](int tile, int(&sc)[64], float(&sf)[2], float(&acc_pv)[kOut], uint32_t(&pa_pv)[4][4]) {
+        const int s = stage(tile);
+        sf[0] = qs * ks_next[0], sf[1] = qs * ks_next[1];
+        if (tile + 1 < wk.n_tiles) load_ks(tile + 1, ks_next);
+        mbar_wait(&full[s], ((ring + tile) / L::kStages) & 1);
+        qk_issue<D>(sc, q_smem, ptx::smem_addr(smem + L::kKOff + s * L::kKBytes));
+        if (tile > 0) {
+          pv_issue<D>(acc_pv, pa_pv, v_smem(stage(tile + L::kStages - 1)));
+          wgmma_commit();
+          wgmma_wait<1>();  // S of this tile (committed first) is complete; P·V of the previous tile may still run
+        } else {
+          wgmma_wait<0>();
+        }
+        if (tile == wk.n_tiles - 1) mbar_arrive(q_empty);  // the next item's Q may load (as in the loop below)
+      };
+      // The previous tile's P·V has completed: its stage is free, its accumulators final.
+      auto previous_pv_done = [&](int tile) {
+        wgmma_wait<0>();
+        if (tile > 0) mbar_arrive(&empty[stage(tile + L::kStages - 1)]);
+      };
+      auto needs_mask = [&](int tile) {
+        const int key0 = tile * kKeys;
+        return key0 + kKeys > p.nk || (p.causal && key0 + kKeys - 1 > row0 + wrow - g + p.causal_offset);
+      };
+      // The item's last tile's P·V, run and awaited.
+      auto last_pv = [&](float (&acc_last)[kOut], uint32_t (&pa_last)[4][4]) {
+        wgmma_fence();
+        pv_issue<D>(acc_last, pa_last, v_smem(stage(wk.n_tiles - 1)));
+        wgmma_commit();
+        previous_pv_done(wk.n_tiles);
+      };
+      float acc2[kOut];
+      uint32_t pa2[4][4];
+#pragma unroll
+      for (int i = 0; i < kOut; ++i) acc2[i] = 0.f;
+      float alpha_prev2[2] = {0.f, 0.f};             // alpha of the tile whose P·V acc_add holds
+      float last_shift[2] = {-INFINITY, -INFINITY};  // the shift of the last tile's P
+      auto step = [&](int tile, float(&acc_pv)[kOut], float(&acc_add)[kOut], uint32_t(&pa_pv)[4][4],
+                      uint32_t(&pa_new)[4][4]) {
+        int sc[64];
+        float sf[2], shift[2], alpha[2], mx[2];
+        start_tile(tile, sc, sf, acc_pv, pa_pv);
+        const bool masked = needs_mask(tile), spec = tile > 0 && !masked;
+        if (spec) {
+#pragma unroll
+          for (int i = 0; i < 2; ++i) shift[i] = headroom_shift<kSpecRoom>(m[i]);
+          tile_exp<false, false>(sc, sf, shift, alpha, alpha_prev2, acc_add, o_flat, l, pa_new);
+          row_max(sc, sf, false, tile * kKeys, t, row0 + wrow, p, mx);  // in the same run, for ptxas to interleave
+        } else {
+          row_max(sc, sf, masked, tile * kKeys, t, row0 + wrow, p, mx);
+        }
+#pragma unroll
+        for (int i = 0; i < 2; ++i) mx[i] = quad_max(mx[i]);
+        const bool again = !spec || __any_sync(0xffffffffu, mx[0] > m[0] + kSpecRoom || mx[1] > m[1] + kSpecRoom);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) m[i] = fmaxf(m[i], mx[i]);
+        if (again) {
+#pragma unroll
+          for (int i = 0; i < 2; ++i) shift[i] = headroom_shift<0>(m[i]);
+          if (spec) tile_exp<false, false, kOut, false>(sc, sf, shift, alpha, alpha_prev2, acc_add, o_flat, l, pa_new);
+          else if (masked) tile_exp<true, false>(sc, sf, shift, alpha, alpha_prev2, acc_add, o_flat, l, pa_new);
+          else tile_exp<false, false>(sc, sf, shift, alpha, alpha_prev2, acc_add, o_flat, l, pa_new);
+        }
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          alpha[i] = exp2_approx(last_shift[i] - shift[i]), last_shift[i] = shift[i];
+          alpha_prev2[i] = alpha_prev[i], alpha_prev[i] = alpha[i];
+        }
+        previous_pv_done(tile);
+      };
+      int tile = 0;
+      for (; tile + 1 < wk.n_tiles; tile += 2) {
+        step(tile, acc2, acc, pa2, pa);
+        step(tile + 1, acc, acc2, pa, pa2);
+      }
+      if (tile < wk.n_tiles) {  // an odd count: the last tile is even
+        step(tile, acc2, acc, pa2, pa);
+        last_pv(acc, pa);
+        update_o(o_flat, alpha_prev2, acc2);
+        update_o(o_flat, alpha_prev, acc);
+      } else if (wk.n_tiles > 0) {
+        last_pv(acc2, pa2);
+        update_o(o_flat, alpha_prev2, acc);
+        update_o(o_flat, alpha_prev, acc2);
+      }
+    } else {
+    // (Written with the dual loop's lambdas, this loop compiled to the same instructions in another order, 4-6 %
+    // slower at d128, session 27: its SASS is the one from before the dual loop; compare it after any change.)
+    auto issue_pv = [&](int stage) {  // the previous tile's P·V, in flight until the next tile's exponent phase
+      pv_issue<D>(acc, pa, v_smem(stage));
+      wgmma_commit();
+    };
     // Software pipeline: the tensor cores run tile j - 1's P·V after tile j's Q·K^T, while this warpgroup takes
     // tile j's row maxima; the exponent run then adds that P·V to o.
     for (int tile = 0; tile < wk.n_tiles; ++tile) {
@@ -338,12 +474,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_wait(&full[s], ((ring + tile) / L::kStages) & 1);
 
       int sc[64];
-      const uint32_t k_smem = ptx::smem_addr(smem + L::kKOff + s * L::kKBytes);
-      wgmma_fence();  // orders this thread's writes of o, acc and pa before the MMAs that read them
-#pragma unroll
-      for (int kk = 0; kk < D / 32; ++kk)
-        wgmma_s8_m64n128k32(sc, smem_desc<D>(q_smem + 32 * kk), smem_desc<D>(k_smem + 32 * kk), kk > 0);
-      wgmma_commit();
+      qk_issue<D>(sc, q_smem, ptx::smem_addr(smem + L::kKOff + s * L::kKBytes));
       if (tile > 0) {
         issue_pv(prev);
         wgmma_wait<1>();  // S of this tile (committed first) is complete; P·V of the previous tile may still run
@@ -374,6 +505,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_arrive(&empty[last]);
       update_o(o_flat, alpha_prev, acc);
     }
+    }
     ring += wk.n_tiles;
     // after the last P·V (loaded before it, to overlap it, the d128 instantiations spill 20-28 bytes)
     const VStats<D> vs = load_v_stats<true, D>(p, k_head, t);
@@ -391,9 +523,9 @@ struct TensorMaps {
   CUtensorMap q, k, v;
 };
 
-template <int D, typename T, bool kLse>
+template <int D, typename T, bool kLse, bool kDual>
 void launch_attention_sm90(const TensorMaps& maps, const AttentionParams& p, cudaStream_t stream) {
-  constexpr auto kernel = attention_sm90_kernel<D, T, kLse>;
+  constexpr auto kernel = attention_sm90_kernel<D, T, kLse, kDual>;
   raise_dynamic_smem<kernel>(Layout<D>::kSmem);
   // One program per SM, each running several items (all items take equally long). Causal items differ in length:
   // one program each, so the hardware hands the next item to whichever SM frees first.
@@ -403,17 +535,22 @@ void launch_attention_sm90(const TensorMaps& maps, const AttentionParams& p, cud
 }
 
 // One instantiation per padded head_dim (attention_d64.cu, attention_d128.cu). Every p.pv_accum runs two-level
-// (at least the precision asked for).
+// (at least the precision asked for). The dual loop (speculative exponents, two P·V buffers) runs at d64 from
+// kDualMinKeys keys on, where it measured faster (session 27: +4 % at 16k keys, the same at 4k, 4 % slower at 1k);
+// d128 has no registers for a second P·V buffer, and the LSE sums would spill.
+constexpr int kDualMinKeys = 4096;
+
+template <int D, typename T>
+void launch_for(const TensorMaps& maps, const AttentionParams& p, cudaStream_t stream) {
+  if (p.lse != nullptr) launch_attention_sm90<D, T, true, false>(maps, p, stream);
+  else if (D == 64 && p.nk >= kDualMinKeys) launch_attention_sm90<D, T, false, D == 64>(maps, p, stream);
+  else launch_attention_sm90<D, T, false, false>(maps, p, stream);
+}
+
 template <int D>
 void run_attention_sm90(const TensorMaps& maps, const AttentionParams& p, DType dtype, cudaStream_t stream) {
-  const bool lse = p.lse != nullptr;
-  if (dtype == kBF16) {
-    if (lse) launch_attention_sm90<D, __nv_bfloat16, true>(maps, p, stream);
-    else launch_attention_sm90<D, __nv_bfloat16, false>(maps, p, stream);
-  } else {
-    if (lse) launch_attention_sm90<D, half, true>(maps, p, stream);
-    else launch_attention_sm90<D, half, false>(maps, p, stream);
-  }
+  if (dtype == kBF16) launch_for<D, __nv_bfloat16>(maps, p, stream);
+  else launch_for<D, half>(maps, p, stream);
 }
 
 }  // namespace sage::sm90

@@ -28,4 +28,4 @@ void sage::attention_pv8(const AttentionParams& p, DType dtype, int d_pad, cudaS
   else sm90::run_attention_sm90<128>(maps, p, dtype, stream);
 }
 
-bool sage::module_runs_on_current_device() { return has_device_code<sm90::attention_sm90_kernel<64, half, false>>(); }
+bool sage::module_runs_on_current_device() { return has_device_code<sm90::attention_sm90_kernel<64, half, false, false>>(); }

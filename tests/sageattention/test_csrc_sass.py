@@ -139,3 +139,18 @@ def test_sm90_exponents_share_their_issue_slots(sass, source):
         opcodes = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?(\S+)", kernel)
         longest = max(len(run) for run in "".join("x" if op == "MUFU.EX2" else " " for op in opcodes).split(" "))
         assert longest <= 8, f"{kernel.split()[0]}: {longest} MUFU.EX2 in a row in csrc/sm90/{source}"
+
+
+def test_sm90_d64_dual_loop_takes_maxima_in_the_exponent_run(sass):
+    """The d64 dual loop (csrc/sm90/attention_sm90.cuh, kDual): two P·V accumulator sets, and a speculative tile's row
+    maxima (VIMNMX3 on the INT32 scores) in the same straight run as its exponents, off the chain from S to P."""
+    kernels = {k.split()[0]: k for k in sass("sm90", "attention_d64.cu", "90a").split("Function :")[1:]}
+    dual = [name for name in kernels if "Lb0ELb1E" in name]  # <64, T, kLse = false, kDual = true>
+    assert len(dual) == 2, f"one dual kernel per dtype expected, got {sorted(kernels)}"
+    for name in dual:
+        code = kernels[name]
+        assert len(set(re.findall(r"QGMMA\.\S+ (R\d+),", code))) == 2, f"{name}: not two P·V accumulator sets"
+        runs = re.split(r"\b(?:BRA|BSSY|BSYNC|EXIT)\b", code)
+        assert any(run.count("MUFU.EX2") >= 32 and run.count("VIMNMX3") >= 8 for run in runs), \
+            f"{name}: no run holding both a tile's exponents and its row maxima"
+    assert "Lb0ELb1E" not in sass("sm90", "attention_d128.cu", "90a"), "a dual kernel at d128 (no registers for it)"

@@ -180,6 +180,34 @@ def test_huge_scores_keep_p_in_range(family, fp8, magnitude):
     assert_lse_close(lse, ref_lse, atol=2e-3 + 1e-4 * ref_lse.abs().max().item(), what=f"|q|, |k| ~{magnitude:g}")
 
 
+@pytest.mark.parametrize("case", ["random", "causal", "rising", "jump", "huge"])
+def test_sm90_d64_dual_loop(case):
+    """From 4096 keys at head_dim 64 (kDualMinKeys, csrc/sm90/attention_sm90.cuh) the sm90 kernel runs its dual loop:
+    exponents taken speculatively with the running max, and again where a row's max rose past kSpecRoom. 33 tiles
+    (an odd count, the last one masked). rising: each tile's max past the last one's by several log2 units (taken again
+    at every tile); jump: the second half of the keys 100x larger; huge: |q|, |k| ~ 2e3 in bf16 (maxima ~1e7 in log2
+    units: the speculative exponents overflow fp32 until they are taken again)."""
+    mod = module("sm90")
+    nk = 4224
+    dtype = torch.bfloat16 if case == "huge" else torch.float16
+    q, k, v = make_qkv(b=1, hq=2, nq=nk if case == "causal" else 256, nk=nk, d=64, dtype=dtype, seed=41)
+    if case == "rising":
+        k = (k.float() * (1 + 40 * torch.arange(nk, device=k.device) / nk)[:, None]).half()
+    elif case == "jump":
+        k = torch.cat([k[:, :, : nk // 2], 100 * k[:, :, nk // 2:]], dim=2)
+    elif case == "huge":
+        q, k = ((torch.where(t < 0, -1.0, 1.0) * t.float().abs().clamp_min(0.2) * 2e3).bfloat16() for t in (q, k))
+    out, _ = run(mod, q, k, v, "HND", causal=case == "causal")
+    assert torch.isfinite(out).all(), case
+    if case in ("random", "causal"):
+        ref, _ = sdpa_fp32(q, k, v, is_causal=case == "causal")
+        assert_close(out.float().cpu(), ref.cpu(), **TOL[True], what=case)
+    else:  # scores past the quantization's resolution: against the quantized algorithm
+        ref, _ = reference_of(mod, q, k, v, "HND", fp8=True)
+        tol = dict(cos=0.9999, rel_l1=0.01) if case == "huge" else REF_TOL[True]
+        assert_close(out.float().cpu(), ref.float(), **tol, what=case)
+
+
 @pytest.mark.parametrize("family, fp8", FAMILIES)
 def test_gqa_mqa_and_smooth_v(family, fp8):
     mod = module(family)
