@@ -237,12 +237,27 @@ __device__ __forceinline__ void mask_scores(float (&x)[J][4], int key0, int t, i
 // P * 448) m - log2(448), one subtraction instead of a multiply per score. P's peak exp2(m - shift) must then stay
 // <= 448, where e4m3 saturates: where m's ulp is coarse (|m| >= 2**20) the subtraction can round past log2(448)
 // (ulp 1: to 9, ulp 16: to 16), and the shift steps one ulp back toward m. m - shift is exact there; finer ulps
-// round by far less than the margin 8.85 - log2(448). m = -inf gives -inf.
-template <bool kStretch>
+// round by far less than the margin 8.85 - log2(448). m = -inf gives -inf. kRoom: scores may reach m + kRoom (log2
+// units) and P still peaks at 448 (sm90's speculative tiles): the stretch is kRoom binades smaller.
+template <bool kStretch, int kRoom = 0>
 __device__ __forceinline__ float p_shift(float m) {
   if constexpr (!kStretch) return m;
-  const float shift = m - kLog2PScale;
-  return m - shift > 8.85f ? __int_as_float(__float_as_int(shift) + (shift > 0.f ? 1 : -1)) : shift;
+  const float shift = m - (kLog2PScale - kRoom);
+  return m - shift > 8.85f - kRoom ? __int_as_float(__float_as_int(shift) + (shift > 0.f ? 1 : -1)) : shift;
+}
+
+// The shift of a row whose running max is m; a row that has seen only masked keys keeps max -inf and is shifted as if
+// 0, so that exp2 gives 0, not NaN.
+template <bool kStretch, int kRoom = 0>
+__device__ __forceinline__ float row_shift(float m) {
+  return p_shift<kStretch, kRoom>(m == -INFINITY ? 0.f : m);
+}
+
+// The max over the quad of lanes holding a row.
+__device__ __forceinline__ float quad_max(float x) {
+#pragma unroll
+  for (int off = 1; off < 4; off *= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, off));
+  return x;
 }
 
 // The online-softmax update of one row after a tile whose maximum in this lane is mx (combined here over the quad
@@ -251,11 +266,8 @@ __device__ __forceinline__ float p_shift(float m) {
 // tile's shift (p_shift).
 template <bool kStretch>
 __device__ __forceinline__ float online_max(float mx, float& m, float& alpha) {
-#pragma unroll
-  for (int off = 1; off < 4; off *= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-  const float new_m = fmaxf(m, mx);
-  // a row that has seen only masked keys keeps max -inf; shift it as if 0 so that exp2 gives 0, not NaN
-  const float shift = p_shift<kStretch>(new_m == -INFINITY ? 0.f : new_m);
+  const float new_m = fmaxf(m, quad_max(mx));
+  const float shift = row_shift<kStretch>(new_m);
   alpha = exp2_approx(p_shift<kStretch>(m) - shift);
   m = new_m;
   return shift;

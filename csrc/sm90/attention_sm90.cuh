@@ -107,8 +107,8 @@ __device__ __forceinline__ void qk_issue(int (&sc)[64], uint32_t q_smem, uint32_
 }
 
 // Issues d (+)= P·[V | 1] over a tile's 128 keys (four k32 steps, V^T and its rows of ones from the stage at v_smem):
-// columns D..D+7 of d get P's row sums. d is overwritten (the tile accumulator of two-level accumulation). The
-// caller commits and waits.
+// columns D..D+7 of d get P's row sums. d is overwritten (the tile accumulator of two-level accumulation). Commits
+// the group; the caller waits.
 template <int D>
 __device__ __forceinline__ void pv_issue(float (&d)[D / 2 + 4], const uint32_t (&a)[4][4], uint32_t v_smem) {
 #pragma unroll
@@ -117,6 +117,7 @@ __device__ __forceinline__ void pv_issue(float (&d)[D / 2 + 4], const uint32_t (
     if constexpr (D == 128) wgmma_e4m3_m64n136k32(d, a[s], desc, s > 0);
     else wgmma_e4m3_m64n72k32(d, a[s], desc, s > 0);
   }
+  wgmma_commit();
 }
 
 // v[k] becomes max(v[k], v[k + W]), k < W: four of these (W = 8, 4, 2, 1) reduce 16 values in a tree of depth 4
@@ -182,24 +183,9 @@ __device__ __forceinline__ void tile_max(int (&sc)[64], const float (&s)[2], boo
   for (int i = 0; i < 2; ++i) shift[i] = online_max<true>(mx[i], m[i], alpha[i]);
 }
 
-__device__ __forceinline__ float quad_max(float x) {
-#pragma unroll
-  for (int off = 1; off < 4; off *= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, off));
-  return x;
-}
-
 // Log2 units of room a speculative tile's shift leaves above the running max (the dual loop below): 1 measured 2-10 %
 // slower at d64 (more tiles taken again), 3 the same as 2 (session 27).
 constexpr int kSpecRoom = 2;
-
-// The exponent shift of a tile whose rows' scores stay <= m + kHeadroom: P = exp2(x - shift) peaks at 448
-// (p_shift's stretch and coarse-ulp guard, kHeadroom log2 units lower). m = -inf (no key yet) shifts as 0.
-template <int kHeadroom>
-__device__ __forceinline__ float headroom_shift(float m) {
-  if (m == -INFINITY) m = 0.f;
-  const float shift = m - (kLog2PScale - kHeadroom);
-  return m - shift > 8.85f - kHeadroom ? __int_as_float(__float_as_int(shift) + (shift > 0.f ? 1 : -1)) : shift;
-}
 
 // O's deferred update: alpha_prev, the factor of the tile whose P·V acc holds, brings o to that tile's shift.
 template <int kOut>
@@ -380,7 +366,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         qk_issue<D>(sc, q_smem, ptx::smem_addr(smem + L::kKOff + s * L::kKBytes));
         if (tile > 0) {
           pv_issue<D>(acc_pv, pa_pv, v_smem(stage(tile + L::kStages - 1)));
-          wgmma_commit();
           wgmma_wait<1>();  // S of this tile (committed first) is complete; P·V of the previous tile may still run
         } else {
           wgmma_wait<0>();
@@ -400,7 +385,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       auto last_pv = [&](float (&acc_last)[kOut], uint32_t (&pa_last)[4][4]) {
         wgmma_fence();
         pv_issue<D>(acc_last, pa_last, v_smem(stage(wk.n_tiles - 1)));
-        wgmma_commit();
         previous_pv_done(wk.n_tiles);
       };
       float acc2[kOut];
@@ -417,7 +401,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const bool masked = needs_mask(tile), spec = tile > 0 && !masked;
         if (spec) {
 #pragma unroll
-          for (int i = 0; i < 2; ++i) shift[i] = headroom_shift<kSpecRoom>(m[i]);
+          for (int i = 0; i < 2; ++i) shift[i] = row_shift<true, kSpecRoom>(m[i]);
           tile_exp<false, false>(sc, sf, shift, alpha, alpha_prev2, acc_add, o_flat, l, pa_new);
           row_max(sc, sf, false, tile * kKeys, t, row0 + wrow, p, mx);  // in the same run, for ptxas to interleave
         } else {
@@ -430,7 +414,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int i = 0; i < 2; ++i) m[i] = fmaxf(m[i], mx[i]);
         if (again) {
 #pragma unroll
-          for (int i = 0; i < 2; ++i) shift[i] = headroom_shift<0>(m[i]);
+          for (int i = 0; i < 2; ++i) shift[i] = row_shift<true>(m[i]);
           if (spec) tile_exp<false, false, kOut, false>(sc, sf, shift, alpha, alpha_prev2, acc_add, o_flat, l, pa_new);
           else if (masked) tile_exp<true, false>(sc, sf, shift, alpha, alpha_prev2, acc_add, o_flat, l, pa_new);
           else tile_exp<false, false>(sc, sf, shift, alpha, alpha_prev2, acc_add, o_flat, l, pa_new);
@@ -460,10 +444,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     } else {
     // (Written with the dual loop's lambdas, this loop compiled to the same instructions in another order, 4-6 %
     // slower at d128, session 27: its SASS is the one from before the dual loop; compare it after any change.)
-    auto issue_pv = [&](int stage) {  // the previous tile's P·V, in flight until the next tile's exponent phase
-      pv_issue<D>(acc, pa, v_smem(stage));
-      wgmma_commit();
-    };
     // Software pipeline: the tensor cores run tile j - 1's P·V after tile j's Q·K^T, while this warpgroup takes
     // tile j's row maxima; the exponent run then adds that P·V to o.
     for (int tile = 0; tile < wk.n_tiles; ++tile) {
@@ -476,7 +456,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       int sc[64];
       qk_issue<D>(sc, q_smem, ptx::smem_addr(smem + L::kKOff + s * L::kKBytes));
       if (tile > 0) {
-        issue_pv(prev);
+        pv_issue<D>(acc, pa, v_smem(prev));  // in flight until the exponent run
         wgmma_wait<1>();  // S of this tile (committed first) is complete; P·V of the previous tile may still run
       } else {
         wgmma_wait<0>();
@@ -500,7 +480,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (wk.n_tiles > 0) {  // the last tile's P·V
       const int last = (ring + wk.n_tiles - 1) % L::kStages;
       wgmma_fence();
-      issue_pv(last);
+      pv_issue<D>(acc, pa, v_smem(last));
       wgmma_wait<0>();
       mbar_arrive(&empty[last]);
       update_o(o_flat, alpha_prev, acc);
@@ -542,9 +522,11 @@ constexpr int kDualMinKeys = 4096;
 
 template <int D, typename T>
 void launch_for(const TensorMaps& maps, const AttentionParams& p, cudaStream_t stream) {
-  if (p.lse != nullptr) launch_attention_sm90<D, T, true, false>(maps, p, stream);
-  else if (D == 64 && p.nk >= kDualMinKeys) launch_attention_sm90<D, T, false, D == 64>(maps, p, stream);
-  else launch_attention_sm90<D, T, false, false>(maps, p, stream);
+  if (p.lse != nullptr) return launch_attention_sm90<D, T, true, false>(maps, p, stream);
+  if constexpr (D == 64) {
+    if (p.nk >= kDualMinKeys) return launch_attention_sm90<D, T, false, true>(maps, p, stream);
+  }
+  launch_attention_sm90<D, T, false, false>(maps, p, stream);
 }
 
 template <int D>
