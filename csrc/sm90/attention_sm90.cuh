@@ -96,24 +96,24 @@ __device__ __forceinline__ float quantize_q(const uint8_t* q16, uint8_t* q8, int
   return scale;
 }
 
-// Issues S = Q·K^T of a tile (both operands in shared memory) into sc and commits it.
+// Issues S = Q·K^T of a tile (both operands in shared memory, by their descriptors) into sc and commits it.
 template <int D>
-__device__ __forceinline__ void qk_issue(int (&sc)[64], uint32_t q_smem, uint32_t k_smem) {
+__device__ __forceinline__ void qk_issue(int (&sc)[64], uint64_t q_desc, uint64_t k_desc) {
   wgmma_fence();  // orders this thread's writes of o, acc and pa before the MMAs that read them
 #pragma unroll
   for (int kk = 0; kk < D / 32; ++kk)
-    wgmma_s8_m64n128k32(sc, smem_desc<D>(q_smem + 32 * kk), smem_desc<D>(k_smem + 32 * kk), kk > 0);
+    wgmma_s8_m64n128k32(sc, desc_at(q_desc, 32 * kk), desc_at(k_desc, 32 * kk), kk > 0);
   wgmma_commit();
 }
 
-// Issues d (+)= P·[V | 1] over a tile's 128 keys (four k32 steps, V^T and its rows of ones from the stage at v_smem):
-// columns D..D+7 of d get P's row sums. d is overwritten (the tile accumulator of two-level accumulation). Commits
-// the group; the caller waits.
+// Issues d (+)= P·[V | 1] over a tile's 128 keys (four k32 steps, V^T and its rows of ones from the stage v_desc
+// describes): columns D..D+7 of d get P's row sums. d is overwritten (the tile accumulator of two-level
+// accumulation). Commits the group; the caller waits.
 template <int D>
-__device__ __forceinline__ void pv_issue(float (&d)[D / 2 + 4], const uint32_t (&a)[4][4], uint32_t v_smem) {
+__device__ __forceinline__ void pv_issue(float (&d)[D / 2 + 4], const uint32_t (&a)[4][4], uint64_t v_desc) {
 #pragma unroll
   for (int s = 0; s < 4; ++s) {
-    const uint64_t desc = smem_desc<128>(v_smem + 32 * s);
+    const uint64_t desc = desc_at(v_desc, 32 * s);
     if constexpr (D == 128) wgmma_e4m3_m64n136k32(d, a[s], desc, s > 0);
     else wgmma_e4m3_m64n72k32(d, a[s], desc, s > 0);
   }
@@ -287,7 +287,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (wg == 0) {  // producer
     regs_dec<kProducerRegs>();
     if (threadIdx.x != 0) return;
-    int ring = 0;  // tiles loaded so far: stage ring % kStages, in its round ring / kStages
+    RingPos<L::kStages> pos;  // the next tile's
     for (int w = blockIdx.x, k = 0; w < n_items; w += gridDim.x, ++k) {
       const Work wk = work_item(w, p);
       if (k > 0) mbar_wait(q_empty, (k - 1) & 1);
@@ -295,9 +295,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int box = 0; box < D / 64; ++box)
         tma_load_4d(smem + L::kQ16Off + box * kRows * 128, &q_map, 64 * box, wk.row0, wk.h, wk.b, q_full);
-      for (int tile = 0; tile < wk.n_tiles; ++tile, ++ring) {
-        const int s = ring % L::kStages, round = ring / L::kStages;
-        if (round > 0) mbar_wait(&empty[s], (round - 1) & 1);
+      for (int tile = 0; tile < wk.n_tiles; ++tile, pos.advance()) {
+        const int s = pos.stage;
+        mbar_wait(&empty[s], pos.parity ^ 1);
         mbar_arrive_expect_tx(&full[s], L::kKBytes + L::kVBytes);
         tma_load_3d(smem + L::kKOff + s * L::kKBytes, &k_map, 0, tile * kKeys, wk.kv_head, &full[s]);
         tma_load_3d(smem + L::kVOff + s * L::kVStage, &v_map, tile * kKeys, 0, wk.kv_head, &full[s]);
@@ -309,17 +309,21 @@ __global__ void __launch_bounds__(kThreads, 1)
   regs_inc<kConsumerRegs>();
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int wrow = (wg - 1) * 64 + (threadIdx.x % 128) / 32 * 16 + g;  // this lane's rows: wrow and wrow + 8
-  const uint32_t q_smem = ptx::smem_addr(smem + L::kQOff + (wg - 1) * 64 * D);
-  auto v_smem = [&](int stage) { return ptx::smem_addr(smem + L::kVOff + stage * L::kVStage); };
   constexpr int kOut = D / 2 + 4;     // P·[V | 1] accumulators per thread: D / 8 + 1 slices of 4
   float acc[kOut];                    // the previous tile's P·V until it is added to o
   uint32_t pa[4][4];                 // the previous tile's P, read by its P·V while this tile's maxima are taken
-  int ring = 0;                      // tiles consumed so far, as the producer counts them
+  RingPos<L::kStages> pos;           // the next tile's, as the producer counts them
+  int prev = 0;                      // the stage of the tile before it
 
   for (int w = blockIdx.x, k = 0; w < n_items; w += gridDim.x, ++k) {
     const Work wk = work_item(w, p);
     const int row0 = wk.row0;
     const int64_t q_head = wk.q_head, k_head = wk.kv_head;
+    const uint64_t q_desc = smem_desc<D>(ptx::smem_addr(smem + L::kQOff + (wg - 1) * 64 * D));
+    const uint64_t k_desc0 = smem_desc<D>(ptx::smem_addr(smem + L::kKOff));
+    const uint64_t v_desc0 = smem_desc<128>(ptx::smem_addr(smem + L::kVOff));
+    auto k_desc = [&](int stage) { return desc_at(k_desc0, stage * L::kKBytes); };
+    auto v_desc = [&](int stage) { return desc_at(v_desc0, stage * L::kVStage); };
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // l: the LSE's sums (tile_exp)
     // the m16n8 layout: channels 8n + 2t + {0, 1} of rows g and g + 8; slice D / 8 holds the rows' sums of P
     float o[D / 8 + 1][4] = {};
@@ -327,12 +331,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     float alpha_prev[2] = {0.f, 0.f};  // the last softmax's alpha, applied to o with that tile's P·V
 #pragma unroll
     for (int i = 0; i < kOut; ++i) acc[i] = 0.f;  // tile 0's update adds nothing
-    // K scales of a tile's two 64-key quantization periods (keys past nk_pad are masked), loaded a tile ahead
+    // K scales of a tile's two 64-key quantization periods (periods past nk_pad, a multiple of 64, are masked),
+    // loaded a tile ahead. A 32-bit index: 2^31 keys are 256 GiB of 16-bit K even at head_dim 64.
+    const int k_scale0 = wk.kv_head * p.nk_pad + 2 * t;
     auto load_ks = [&](int tile, float (&ks)[2]) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int key = tile * kKeys + 64 * half + 2 * t;
-        ks[half] = key < p.nk_pad ? p.k_scale[k_head * p.nk_pad + key] : 0.f;
+        const int key0 = tile * kKeys + 64 * half;
+        ks[half] = key0 < p.nk_pad ? p.k_scale[k_scale0 + key0] : 0.f;
       }
     };
     float ks_next[2];
@@ -355,17 +361,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       // new max (the INT32 scores are still there). The buffers alternate by tile parity, the loop unrolled by two
       // so that each keeps its registers.
       static_assert(!kLse, "the LSE's sums would spill: LSE calls take the loop below");
-      auto stage = [&](int tile) { return (ring + tile) % L::kStages; };
-      // Tile `tile`'s S = Q·K^T issued into sc once its stage has arrived (sf: its dequantization factors), then the
-      // previous tile's P·V (from pa_pv into acc_pv; none at tile 0), and the wait for S, leaving that P·V running.
+      // Tile `tile`'s S = Q·K^T issued into sc once its stage (pos) has arrived (sf: its dequantization factors),
+      // then the previous tile's P·V (from pa_pv into acc_pv; none at tile 0), and the wait for S, leaving that P·V
+      // running.
       auto start_tile = [&](int tile, int(&sc)[64], float(&sf)[2], float(&acc_pv)[kOut], uint32_t(&pa_pv)[4][4]) {
-        const int s = stage(tile);
         sf[0] = qs * ks_next[0], sf[1] = qs * ks_next[1];
         if (tile + 1 < wk.n_tiles) load_ks(tile + 1, ks_next);
-        mbar_wait(&full[s], ((ring + tile) / L::kStages) & 1);
-        qk_issue<D>(sc, q_smem, ptx::smem_addr(smem + L::kKOff + s * L::kKBytes));
+        mbar_wait(&full[pos.stage], pos.parity);
+        qk_issue<D>(sc, q_desc, k_desc(pos.stage));
         if (tile > 0) {
-          pv_issue<D>(acc_pv, pa_pv, v_smem(stage(tile + L::kStages - 1)));
+          pv_issue<D>(acc_pv, pa_pv, v_desc(prev));
           wgmma_wait<1>();  // S of this tile (committed first) is complete; P·V of the previous tile may still run
         } else {
           wgmma_wait<0>();
@@ -375,7 +380,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // The previous tile's P·V has completed: its stage is free, its accumulators final.
       auto previous_pv_done = [&](int tile) {
         wgmma_wait<0>();
-        if (tile > 0) mbar_arrive(&empty[stage(tile + L::kStages - 1)]);
+        if (tile > 0) mbar_arrive(&empty[prev]);
       };
       auto needs_mask = [&](int tile) {
         const int key0 = tile * kKeys;
@@ -384,7 +389,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // The item's last tile's P·V, run and awaited.
       auto last_pv = [&](float (&acc_last)[kOut], uint32_t (&pa_last)[4][4]) {
         wgmma_fence();
-        pv_issue<D>(acc_last, pa_last, v_smem(stage(wk.n_tiles - 1)));
+        pv_issue<D>(acc_last, pa_last, v_desc(prev));
         previous_pv_done(wk.n_tiles);
       };
       float acc2[kOut];
@@ -425,6 +430,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           alpha_prev2[i] = alpha_prev[i], alpha_prev[i] = alpha[i];
         }
         previous_pv_done(tile);
+        prev = pos.stage, pos.advance();
       };
       int tile = 0;
       for (; tile + 1 < wk.n_tiles; tile += 2) {
@@ -447,16 +453,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Software pipeline: the tensor cores run tile j - 1's P·V after tile j's Q·K^T, while this warpgroup takes
     // tile j's row maxima; the exponent run then adds that P·V to o.
     for (int tile = 0; tile < wk.n_tiles; ++tile) {
-      const int s = (ring + tile) % L::kStages, prev = (ring + tile + L::kStages - 1) % L::kStages;
+      const int s = pos.stage;
       const int key0 = tile * kKeys;
       const float ks[2] = {ks_next[0], ks_next[1]};
       if (tile + 1 < wk.n_tiles) load_ks(tile + 1, ks_next);
-      mbar_wait(&full[s], ((ring + tile) / L::kStages) & 1);
+      mbar_wait(&full[s], pos.parity);
 
       int sc[64];
-      qk_issue<D>(sc, q_smem, ptx::smem_addr(smem + L::kKOff + s * L::kKBytes));
+      qk_issue<D>(sc, q_desc, k_desc(s));
       if (tile > 0) {
-        pv_issue<D>(acc, pa, v_smem(prev));  // in flight until the exponent run
+        pv_issue<D>(acc, pa, v_desc(prev));  // in flight until the exponent run
         wgmma_wait<1>();  // S of this tile (committed first) is complete; P·V of the previous tile may still run
       } else {
         wgmma_wait<0>();
@@ -476,17 +482,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (needs_mask) tile_exp<true, kLse>(sc, sf, shift, alpha, alpha_prev, acc, o_flat, l, pa);
       else tile_exp<false, kLse>(sc, sf, shift, alpha, alpha_prev, acc, o_flat, l, pa);
       alpha_prev[0] = alpha[0], alpha_prev[1] = alpha[1];
+      prev = s, pos.advance();
     }
     if (wk.n_tiles > 0) {  // the last tile's P·V
-      const int last = (ring + wk.n_tiles - 1) % L::kStages;
       wgmma_fence();
-      pv_issue<D>(acc, pa, v_smem(last));
+      pv_issue<D>(acc, pa, v_desc(prev));
       wgmma_wait<0>();
-      mbar_arrive(&empty[last]);
+      mbar_arrive(&empty[prev]);
       update_o(o_flat, alpha_prev, acc);
     }
     }
-    ring += wk.n_tiles;
     // after the last P·V (loaded before it, to overlap it, the d128 instantiations spill 20-28 bytes)
     const VStats<D> vs = load_v_stats<true, D>(p, k_head, t);
 

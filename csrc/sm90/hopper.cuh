@@ -21,6 +21,24 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr) {
          (static_cast<uint64_t>((8 * kRowBytes) >> 4) << 32) | (kSwizzle << 62);
 }
 
+// The descriptor of the tile `bytes` after the one desc describes: shared-memory addresses stay below 2^18, so the
+// start address field takes bytes >> 4 in a 32-bit add of the low word that never carries out of it.
+__device__ __forceinline__ uint64_t desc_at(uint64_t desc, uint32_t bytes) {
+  return (desc & ~0xffffffffull) | (static_cast<uint32_t>(desc) + (bytes >> 4));
+}
+
+// A position in a ring of kStages shared-memory stages: the stage a tile occupies and the parity of its round (the
+// phase of the stage's barriers that the tile's fill completes). A fresh barrier counts its phase of parity 1 as
+// complete, so a producer waiting for parity ^ 1 on a stage's "empty" barrier passes in the first round.
+template <int kStages>
+struct RingPos {
+  int stage = 0;
+  uint32_t parity = 0;
+  __device__ __forceinline__ void advance() {
+    if (++stage == kStages) stage = 0, parity ^= 1;
+  }
+};
+
 // Byte offset of (row, byte) in a tile of kRowBytes-long rows swizzled at that width (the copy engine's and the
 // wgmma descriptors' pattern: 16-byte chunk bits 4.. XOR address bits 7..).
 template <int kRowBytes>
