@@ -313,17 +313,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   float acc[kOut];                    // the previous tile's P·V until it is added to o
   uint32_t pa[4][4];                 // the previous tile's P, read by its P·V while this tile's maxima are taken
   RingPos<L::kStages> pos;           // the next tile's, as the producer counts them
-  int prev = 0;                      // the stage of the tile before it
+  const uint64_t q_desc = smem_desc<D>(ptx::smem_addr(smem + L::kQOff + (wg - 1) * 64 * D));
+  const uint64_t k_desc0 = smem_desc<D>(ptx::smem_addr(smem + L::kKOff));
+  const uint64_t v_desc0 = smem_desc<128>(ptx::smem_addr(smem + L::kVOff));
+  auto k_desc = [&](int stage) { return desc_at(k_desc0, stage * L::kKBytes); };
+  auto v_desc = [&](int stage) { return desc_at(v_desc0, stage * L::kVStage); };
 
   for (int w = blockIdx.x, k = 0; w < n_items; w += gridDim.x, ++k) {
     const Work wk = work_item(w, p);
     const int row0 = wk.row0;
     const int64_t q_head = wk.q_head, k_head = wk.kv_head;
-    const uint64_t q_desc = smem_desc<D>(ptx::smem_addr(smem + L::kQOff + (wg - 1) * 64 * D));
-    const uint64_t k_desc0 = smem_desc<D>(ptx::smem_addr(smem + L::kKOff));
-    const uint64_t v_desc0 = smem_desc<128>(ptx::smem_addr(smem + L::kVOff));
-    auto k_desc = [&](int stage) { return desc_at(k_desc0, stage * L::kKBytes); };
-    auto v_desc = [&](int stage) { return desc_at(v_desc0, stage * L::kVStage); };
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // l: the LSE's sums (tile_exp)
     // the m16n8 layout: channels 8n + 2t + {0, 1} of rows g and g + 8; slice D / 8 holds the rows' sums of P
     float o[D / 8 + 1][4] = {};
@@ -370,7 +369,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_wait(&full[pos.stage], pos.parity);
         qk_issue<D>(sc, q_desc, k_desc(pos.stage));
         if (tile > 0) {
-          pv_issue<D>(acc_pv, pa_pv, v_desc(prev));
+          pv_issue<D>(acc_pv, pa_pv, v_desc(pos.previous_stage()));
           wgmma_wait<1>();  // S of this tile (committed first) is complete; P·V of the previous tile may still run
         } else {
           wgmma_wait<0>();
@@ -380,7 +379,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // The previous tile's P·V has completed: its stage is free, its accumulators final.
       auto previous_pv_done = [&](int tile) {
         wgmma_wait<0>();
-        if (tile > 0) mbar_arrive(&empty[prev]);
+        if (tile > 0) mbar_arrive(&empty[pos.previous_stage()]);
       };
       auto needs_mask = [&](int tile) {
         const int key0 = tile * kKeys;
@@ -389,7 +388,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // The item's last tile's P·V, run and awaited.
       auto last_pv = [&](float (&acc_last)[kOut], uint32_t (&pa_last)[4][4]) {
         wgmma_fence();
-        pv_issue<D>(acc_last, pa_last, v_desc(prev));
+        pv_issue<D>(acc_last, pa_last, v_desc(pos.previous_stage()));
         previous_pv_done(wk.n_tiles);
       };
       float acc2[kOut];
@@ -430,7 +429,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           alpha_prev2[i] = alpha_prev[i], alpha_prev[i] = alpha[i];
         }
         previous_pv_done(tile);
-        prev = pos.stage, pos.advance();
+        pos.advance();
       };
       int tile = 0;
       for (; tile + 1 < wk.n_tiles; tile += 2) {
@@ -462,7 +461,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       int sc[64];
       qk_issue<D>(sc, q_desc, k_desc(s));
       if (tile > 0) {
-        pv_issue<D>(acc, pa, v_desc(prev));  // in flight until the exponent run
+        pv_issue<D>(acc, pa, v_desc(pos.previous_stage()));  // in flight until the exponent run
         wgmma_wait<1>();  // S of this tile (committed first) is complete; P·V of the previous tile may still run
       } else {
         wgmma_wait<0>();
@@ -478,17 +477,17 @@ __global__ void __launch_bounds__(kThreads, 1)
       float shift[2], alpha[2];
       tile_max(sc, sf, needs_mask, key0, t, row0 + wrow, p, m, shift, alpha);
       wgmma_wait<0>();  // the previous tile's P·V (none at tile 0) has completed: its stage is free, acc is final
-      if (tile > 0) mbar_arrive(&empty[prev]);
+      if (tile > 0) mbar_arrive(&empty[pos.previous_stage()]);
       if (needs_mask) tile_exp<true, kLse>(sc, sf, shift, alpha, alpha_prev, acc, o_flat, l, pa);
       else tile_exp<false, kLse>(sc, sf, shift, alpha, alpha_prev, acc, o_flat, l, pa);
       alpha_prev[0] = alpha[0], alpha_prev[1] = alpha[1];
-      prev = s, pos.advance();
+      pos.advance();
     }
     if (wk.n_tiles > 0) {  // the last tile's P·V
       wgmma_fence();
-      pv_issue<D>(acc, pa, v_desc(prev));
+      pv_issue<D>(acc, pa, v_desc(pos.previous_stage()));
       wgmma_wait<0>();
-      mbar_arrive(&empty[prev]);
+      mbar_arrive(&empty[pos.previous_stage()]);
       update_o(o_flat, alpha_prev, acc);
     }
     }

@@ -37,6 +37,7 @@ struct RingPos {
   __device__ __forceinline__ void advance() {
     if (++stage == kStages) stage = 0, parity ^= 1;
   }
+  __device__ __forceinline__ int previous_stage() const { return stage == 0 ? kStages - 1 : stage - 1; }
 };
 
 // Byte offset of (row, byte) in a tile of kRowBytes-long rows swizzled at that width (the copy engine's and the
