@@ -228,7 +228,9 @@ __device__ __forceinline__ void tile_exp(const int (&sc)[64], const float (&s)[2
 }
 
 // A work item: 128 query rows of one head. Items are numbered query block fastest, so the programs running at
-// once share a head's K and V in L2; causal items run their longest (last) query block first.
+// once share a head's K and V in L2. Causal items differ in length: a head's query blocks are numbered longest and
+// shortest alternately (the last block, the first, the last but one, ...), so that two consecutive items, which
+// one program runs (program_item), add up to about the same number of tiles in every pair.
 struct Work {
   int row0, h, b, n_tiles;
   int q_head, kv_head;  // b * hq + h (the LSE's head) and b * hk + h's K/V head (the K/V maps' outer coordinate)
@@ -236,7 +238,8 @@ struct Work {
 
 __device__ __forceinline__ Work work_item(int w, const AttentionParams& p) {
   const int n_qblocks = (p.nq + kRows - 1) / kRows;
-  const int qblock = p.causal ? n_qblocks - 1 - w % n_qblocks : w % n_qblocks;
+  const int slot = w % n_qblocks;
+  const int qblock = p.causal ? (slot % 2 == 0 ? n_qblocks - 1 - slot / 2 : slot / 2) : slot;
   const int h = w / n_qblocks % p.hq, b = w / n_qblocks / p.hq;
   Work wk{qblock * kRows, h, b, (p.nk + kKeys - 1) / kKeys, b * p.hq + h, b * p.hk + h / (p.hq / p.hk)};
   if (p.causal) {
@@ -250,10 +253,22 @@ __host__ __device__ inline int work_items(const AttentionParams& p) {
   return (p.nq + kRows - 1) / kRows * p.hq * p.batch;
 }
 
+// The k-th item of this program: programs are persistent and take items round-robin, non-causal ones one at a time
+// (all equally long), causal ones two at a time, a long and a short one, so that the programs' shares are even.
+__device__ __forceinline__ int program_item(int k, const AttentionParams& p) {
+  return p.causal ? 2 * (blockIdx.x + k / 2 * gridDim.x) + k % 2 : blockIdx.x + k * gridDim.x;
+}
+
+// Programs of a launch: one per SM, or one per item (per pair of causal items) where there are fewer.
+inline int program_count(const AttentionParams& p) {
+  const int items = work_items(p);
+  return std::min(p.causal ? (items + 1) / 2 : items, current_sm_count());
+}
+
 // Two-level accumulation: each tile's P·V goes to a fresh fp32 accumulator that is added to o (upstream's
 // "fp32+fp32"; the tensor cores' FP8 accumulation keeps fewer bits than fp32 across many tiles). Every accumulation
 // mode runs it: with P·V straight into o, ptxas serialized the warpgroup MMAs once o also held the row sums (C7514).
-// Persistent: program i runs items i, i + gridDim.x, ...; the K/V ring and its barrier phases run on across items,
+// Persistent: a program runs several items (program_item); the K/V ring and its barrier phases run on across items,
 // so the producer loads the next item's Q and first tiles while the consumers finish the current one.
 // kLse: the call asks for the LSE (p.lse), which needs fp32 row sums besides the tensor cores' (tile_exp).
 // kDual: the tile loop with two P·V buffers and speculative exponents (below; launch_for says where it runs).
@@ -288,7 +303,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     regs_dec<kProducerRegs>();
     if (threadIdx.x != 0) return;
     RingPos<L::kStages> pos;  // the next tile's
-    for (int w = blockIdx.x, k = 0; w < n_items; w += gridDim.x, ++k) {
+    for (int k = 0, w = program_item(0, p); w < n_items; w = program_item(++k, p)) {
       const Work wk = work_item(w, p);
       if (k > 0) mbar_wait(q_empty, (k - 1) & 1);
       mbar_arrive_expect_tx(q_full, L::kQ16Bytes);
@@ -319,7 +334,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto k_desc = [&](int stage) { return desc_at(k_desc0, stage * L::kKBytes); };
   auto v_desc = [&](int stage) { return desc_at(v_desc0, stage * L::kVStage); };
 
-  for (int w = blockIdx.x, k = 0; w < n_items; w += gridDim.x, ++k) {
+  for (int k = 0, w = program_item(0, p); w < n_items; w = program_item(++k, p)) {
     const Work wk = work_item(w, p);
     const int row0 = wk.row0;
     const int64_t q_head = wk.q_head, k_head = wk.kv_head;
@@ -511,11 +526,7 @@ template <int D, typename T, bool kLse, bool kDual>
 void launch_attention_sm90(const TensorMaps& maps, const AttentionParams& p, cudaStream_t stream) {
   constexpr auto kernel = attention_sm90_kernel<D, T, kLse, kDual>;
   raise_dynamic_smem<kernel>(Layout<D>::kSmem);
-  // One program per SM, each running several items (all items take equally long). Causal items differ in length:
-  // one program each, so the hardware hands the next item to whichever SM frees first.
-  const int items = work_items(p);
-  const int grid = p.causal ? items : std::min(items, current_sm_count());
-  kernel<<<grid, kThreads, Layout<D>::kSmem, stream>>>(maps.q, maps.k, maps.v, p);
+  kernel<<<program_count(p), kThreads, Layout<D>::kSmem, stream>>>(maps.q, maps.k, maps.v, p);
 }
 
 // One instantiation per padded head_dim (attention_d64.cu, attention_d128.cu). Every p.pv_accum runs two-level
