@@ -130,6 +130,28 @@ def test_odd_lengths(family, fp8, nq, nk):
 
 
 @pytest.mark.parametrize("family, fp8", FAMILIES)
+@pytest.mark.parametrize("offset", [0, 200])
+def test_causal_with_many_items_per_program(family, fp8, offset):
+    """Causal calls with several times more 128-row items than SMs: the sm90 kernel's persistent programs then run
+    several pairs of a long and a short item (9 query blocks per head, so pairs also span two heads), with GQA,
+    top-left and bottom-right causal. Each 128-row block of every head is checked on its own against fp32 SDPA (an
+    item computed on another head's keys, or twice, or not at all, fails), and so is every row's LSE."""
+    mod = module(family)
+    nq = 1100
+    q, k, v = make_qkv(b=4, hq=16, hk=4, nq=nq, nk=nq + offset, d=128, seed=29 + offset)
+    out, _ = run(mod, q, k, v, "HND", causal=True, causal_offset=offset)
+    _, lse = run(mod, q, k, v, "HND", causal=True, causal_offset=offset, lse=True)
+    ref, ref_lse = sdpa_fp32(q, k, v, is_causal=True, causal_offset=offset)
+    assert_close(out.float().cpu(), ref.cpu(), **TOL[fp8], what=f"causal offset={offset}")
+    pad = -nq % 128
+    blocks = [torch.nn.functional.pad(t.float(), (0, 0, 0, pad)).unflatten(2, (-1, 128)) for t in (out, ref)]
+    rel_l1 = (blocks[0] - blocks[1]).abs().sum((-1, -2)) / blocks[1].abs().sum((-1, -2))
+    assert rel_l1.max().item() < 2 * TOL[fp8]["rel_l1"], f"worst 128-row block: rel L1 {rel_l1.max().item():.3f}"
+    err = (lse - ref_lse).abs().max().item()
+    assert err < 0.05, f"lse off by {err}"
+
+
+@pytest.mark.parametrize("family, fp8", FAMILIES)
 @pytest.mark.parametrize("d", [64, 128])
 def test_more_work_than_sms(family, fp8, d):
     """Several 128-row items per SM (the sm90 kernel's persistent programs each run several, the ring and its
