@@ -288,12 +288,7 @@ def test_quantize_matches_reference_bit_for_bit(family, fp8, gran, d, long_heads
     vm = v_mean.cpu()[:, :, None, :]
     assert torch.allclose(vm, reference.token_mean(v.cpu()), rtol=1e-5, atol=1e-6)
     if fp8:
-        r_v, r_s = reference.quantize_v_fp8(v.cpu(), vm)
-        slot = torch.tensor([_fp8_key_slot(j % 32) + j // 32 * 32 for j in range(v_out.shape[-1])])
-        v_keys = v_out.cpu()[..., slot].transpose(-1, -2)  # back to [B, H, N, D] in key order
-        assert torch.equal(v_s.cpu(), r_s)
-        assert torch.equal(v_keys[:, :, :nk].view(torch.uint8), r_v.view(torch.uint8))
-        assert not v_keys[:, :, nk:].view(torch.uint8).any()
+        assert_fp8_v_matches_reference(v, v_out, v_s, vm)
     else:
         assert torch.equal(v_out.cpu()[:, :, :nk, :d], (v.cpu().float() - vm).to(v.dtype))
 
@@ -304,7 +299,8 @@ def test_each_head_is_quantized_with_its_own_statistics(family, fp8, nk):
     """The preparation launch quantizes each head only after all of that head's statistics units (or, in clusters,
     programs) have finished, however the programs are scheduled: with many heads, each with its own channel bias and V
     range, and many statistics chunks per head, every head's K mean and V scale equal the reference's, on every
-    repeat. At 11000 keys the sm90 module's heads are too long for its clusters."""
+    repeat, and so do its INT8 K and FP8 V. At 4100 keys the sm90 module prepares 240 K/V heads in clusters, more
+    than run at once; at 11000 its heads are too long for its clusters."""
     mod = module(family)
     b, hk, d = 3, 40, 64  # 17 or more statistics chunks per head for K and for V, 120 heads
     gen = torch.Generator().manual_seed(11)
@@ -312,14 +308,30 @@ def test_each_head_is_quantized_with_its_own_statistics(family, fp8, nk):
     v = torch.randn(b, hk, nk, d, generator=gen) * torch.rand(b, hk, 1, d, generator=gen).mul(8).exp2()
     q, k, v = (x.to("cuda", torch.float16) for x in (torch.randn(b, hk, 64, d, generator=gen), k, v))
     ref_kmean = reference.token_mean(k.cpu())[:, :, 0]
-    ref_vs = reference.quantize_v_fp8(v.cpu())[1] if fp8 else None
+    gran = "per_thread"
+    g = k_grouping(gran, True)
     for _ in range(3):
-        _, _, _, _, k_mean, _, v_s, _ = mod.quantize(q, k, v, False, 2, 2, V_FP8 if fp8 else V_16, True, False,
-                                                    448.0)
+        _, _, k_i8, k_s, k_mean, v_out, v_s, _ = mod.quantize(q, k, v, False, GRAN_CODE[gran], GRAN_CODE[gran],
+                                                              V_FP8 if fp8 else V_16, True, False, 448.0)
         worst = (k_mean.cpu() - ref_kmean).abs().amax(-1).argmax().item()
         assert torch.allclose(k_mean.cpu(), ref_kmean, rtol=1e-5, atol=1e-5), f"head {divmod(worst, hk)}: K mean"
+        r_i8, r_s = reference.quantize_int8(k.cpu(), g, k_mean.cpu()[:, :, None, :])
+        assert torch.equal(k_i8.cpu()[:, :, :nk, :d], r_i8), "INT8 K differs"
+        assert torch.equal(k_s.cpu()[:, :, :nk], reference.expand_groups(r_s, g, nk)), "K scales differ"
         if fp8:
-            assert torch.equal(v_s.cpu(), ref_vs), "V scales differ"
+            assert_fp8_v_matches_reference(v, v_out, v_s)
+
+
+def assert_fp8_v_matches_reference(v, v_out, v_scale, v_mean=None):
+    """The module's FP8 V^T (keys in the P·V MMA's order) and V scales equal the reference's given V's mean; padding
+    keys are zero."""
+    nk = v.shape[2]
+    r_v, r_s = reference.quantize_v_fp8(v.cpu(), v_mean)
+    slot = torch.tensor([_fp8_key_slot(j % 32) + j // 32 * 32 for j in range(v_out.shape[-1])])
+    v_keys = v_out.cpu()[..., slot].transpose(-1, -2)  # back to [B, H, N, D] in key order
+    assert torch.equal(v_scale.cpu(), r_s), "V scales differ"
+    assert torch.equal(v_keys[:, :, :nk, :v.shape[3]].view(torch.uint8), r_v.view(torch.uint8)), "FP8 V differs"
+    assert not v_keys[:, :, nk:].view(torch.uint8).any(), "padding keys must be zero"
 
 
 def _fp8_key_slot(key: int) -> int:
