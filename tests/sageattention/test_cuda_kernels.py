@@ -278,13 +278,8 @@ def test_quantize_matches_reference_bit_for_bit(family, fp8, gran, d, long_heads
     q_i8, q_s, k_i8, k_s, k_mean, v_out, v_s, v_mean = mod.quantize(q, k, v, False, g, g, v_mode, True, True, 448.0)
     ref_kmean = reference.token_mean(k.cpu())
     assert torch.allclose(k_mean.cpu()[:, :, None, :], ref_kmean, rtol=1e-5, atol=1e-6)
-    for x, x_i8, x_s, g, mean in ((q, q_i8, q_s, q_grouping(gran, True), None),
-                                  (k, k_i8, k_s, k_grouping(gran, True), k_mean.cpu()[:, :, None, :])):
-        r_i8, r_s = reference.quantize_int8(x.cpu(), g, mean)
-        n = x.shape[2]
-        assert torch.equal(x_i8.cpu()[:, :, :n, :d], r_i8), f"{gran}: INT8 values differ"
-        assert torch.equal(x_s.cpu()[:, :, :n], reference.expand_groups(r_s, g, n)), f"{gran}: scales differ"
-        assert not x_i8.cpu()[:, :, n:].any(), "padding rows must be zero"
+    assert_int8_matches_reference(q, q_i8, q_s, q_grouping(gran, True), None, f"{gran} Q")
+    assert_int8_matches_reference(k, k_i8, k_s, k_grouping(gran, True), k_mean.cpu()[:, :, None, :], f"{gran} K")
     vm = v_mean.cpu()[:, :, None, :]
     assert torch.allclose(vm, reference.token_mean(v.cpu()), rtol=1e-5, atol=1e-6)
     if fp8:
@@ -309,17 +304,24 @@ def test_each_head_is_quantized_with_its_own_statistics(family, fp8, nk):
     q, k, v = (x.to("cuda", torch.float16) for x in (torch.randn(b, hk, 64, d, generator=gen), k, v))
     ref_kmean = reference.token_mean(k.cpu())[:, :, 0]
     gran = "per_thread"
-    g = k_grouping(gran, True)
     for _ in range(3):
         _, _, k_i8, k_s, k_mean, v_out, v_s, _ = mod.quantize(q, k, v, False, GRAN_CODE[gran], GRAN_CODE[gran],
                                                               V_FP8 if fp8 else V_16, True, False, 448.0)
         worst = (k_mean.cpu() - ref_kmean).abs().amax(-1).argmax().item()
         assert torch.allclose(k_mean.cpu(), ref_kmean, rtol=1e-5, atol=1e-5), f"head {divmod(worst, hk)}: K mean"
-        r_i8, r_s = reference.quantize_int8(k.cpu(), g, k_mean.cpu()[:, :, None, :])
-        assert torch.equal(k_i8.cpu()[:, :, :nk, :d], r_i8), "INT8 K differs"
-        assert torch.equal(k_s.cpu()[:, :, :nk], reference.expand_groups(r_s, g, nk)), "K scales differ"
+        assert_int8_matches_reference(k, k_i8, k_s, k_grouping(gran, True), k_mean.cpu()[:, :, None, :], "K")
         if fp8:
             assert_fp8_v_matches_reference(v, v_out, v_s)
+
+
+def assert_int8_matches_reference(x, x_i8, x_scale, grouping, mean, what):
+    """The module's INT8 rows of x and their per-row scales equal the reference's (groups of `grouping`, x minus
+    `mean`); padding rows are zero."""
+    n, d = x.shape[2], x.shape[3]
+    r_i8, r_s = reference.quantize_int8(x.cpu(), grouping, mean)
+    assert torch.equal(x_i8.cpu()[:, :, :n, :d], r_i8), f"{what}: INT8 values differ"
+    assert torch.equal(x_scale.cpu()[:, :, :n], reference.expand_groups(r_s, grouping, n)), f"{what}: scales differ"
+    assert not x_i8.cpu()[:, :, n:].any(), f"{what}: padding rows must be zero"
 
 
 def assert_fp8_v_matches_reference(v, v_out, v_scale, v_mean=None):
