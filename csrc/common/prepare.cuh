@@ -16,6 +16,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <type_traits>
+
 #include "common/params.h"
 #include "common/ptx.cuh"
 
@@ -139,7 +141,7 @@ __device__ void quantize_block(Load load, int row0, int n_rows, bool is_q, int g
   constexpr int C = DPAD / 8;                  // 8-element chunks per row
   constexpr int kRowsPerPass = kPrepThreads / C;
   constexpr int kPasses = R / kRowsPerPass;
-  __shared__ float row_max[R], row_bad[R], row_scale[R];
+  __shared__ float row_max[R], row_bad[R], row_inv[R];  // row_inv: 1 / the row's scale, taken once per row
   const int t = threadIdx.x, chunk = t % C;
   uint4 raw[kPasses];  // the block stays in registers between the two passes, as 16-bit values (half the registers)
   // x (minus the mean on real rows; padding rows stay 0, outside every group's max), recomputed identically per pass
@@ -154,30 +156,68 @@ __device__ void quantize_block(Load load, int row0, int n_rows, bool is_q, int g
   for (int i = 0; i < kPasses; ++i)
     raw[i] = load(row0 + t / C + i * kRowsPerPass, chunk);
   ready();
-#pragma unroll
-  for (int i = 0; i < kPasses; ++i) {
-    const int r = t / C + i * kRowsPerPass;
-    float v[8], mx = 0.f, bad = 0.f;
-    values(i, v);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      mx = fmaxf(mx, fabsf(v[e]));
-      bad += v[e] * 0.f;  // NaN when the element is NaN or infinite, like the reference's row_bad
-    }
+  // Pass 1: each row's largest |x| and its non-finite marker (NaN when an element is NaN or infinite, like the
+  // reference's row_bad), the row's chunks combined by shuffles.
+  auto combine_chunks = [](float& mx, float& bad) {
 #pragma unroll
     for (int off = C / 2; off > 0; off /= 2) {
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
       bad += __shfl_xor_sync(0xffffffffu, bad, off);
     }
+  };
+  const int bits = group_bits<R>(is_q, gran);
+  constexpr int kPassBits = (R - 1) & ~(kRowsPerPass - 1);  // the row bits that tell a thread's passes apart
+  if (kPasses >= 4 && (bits & kPassBits) == kPassBits) {
+    // All of this thread's rows are in one group (every K grouping at head_dim 128; Q per block), so only their
+    // largest |x| matters, and it comes from each channel's extremes over them, taken on the 16-bit values (two per
+    // packed compare, NaN kept): fl(x - m) is monotonic in x, so max |fl(x - m)| = max(fl(hi - m), fl(m - lo)).
+    // Fewer passes do not pay for the per-channel step. Padding rows (a suffix of the passes) stay out.
+    float mx = 0.f, bad = 0.f;
+    if (row0 + t / C < n_rows) {
+      using T2 = typename Packed<T>::type;
+      uint4 hi = raw[0], lo = raw[0];
+#pragma unroll
+      for (int i = 1; i < kPasses; ++i) {
+        if (row0 + t / C + i * kRowsPerPass >= n_rows) break;
+        const T2* r = reinterpret_cast<const T2*>(&raw[i]);
+        T2* h = reinterpret_cast<T2*>(&hi);
+        T2* l = reinterpret_cast<T2*>(&lo);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) h[k] = __hmax2_nan(h[k], r[k]), l[k] = __hmin2_nan(l[k], r[k]);
+      }
+      float h[8], l[8];
+      to_floats<T>(hi, h);
+      to_floats<T>(lo, l);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const float m = mean != nullptr ? mean[chunk * 8 + e] : 0.f, above = h[e] - m, below = m - l[e];
+        mx = fmaxf(mx, fmaxf(above, below));
+        bad += above * 0.f + below * 0.f;  // NaN where an extreme (so some element) is NaN or infinite
+      }
+    }
+    combine_chunks(mx, bad);
     if (chunk == 0) {
-      row_max[r] = mx;
-      row_bad[r] = bad;
+#pragma unroll
+      for (int i = 0; i < kPasses; ++i) row_max[t / C + i * kRowsPerPass] = mx, row_bad[t / C + i * kRowsPerPass] = bad;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kPasses; ++i) {
+      const int r = t / C + i * kRowsPerPass;
+      float v[8], mx = 0.f, bad = 0.f;
+      values(i, v);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        mx = fmaxf(mx, fabsf(v[e]));
+        bad += v[e] * 0.f;
+      }
+      combine_chunks(mx, bad);
+      if (chunk == 0) row_max[r] = mx, row_bad[r] = bad;
     }
   }
   // Row t's group: its max and its NaN/inf marker, combined across the group's rows by shuffles within a warp (R is
   // a multiple of 32: whole warps take part), then across warps through shared memory.
   __syncthreads();
-  const int bits = group_bits<R>(is_q, gran);
   float gmax = 0.f, gbad = 0.f;
   if (t < R) {
     gmax = row_max[t], gbad = row_bad[t];
@@ -203,14 +243,14 @@ __device__ void quantize_block(Load load, int row0, int n_rows, bool is_q, int g
   }
   if (t < R) {
     const float s = int8_scale(gmax + gbad);  // gbad: 0, or NaN for a non-finite group
-    row_scale[t] = s;
+    row_inv[t] = 1.f / s;
     scale_out[row0 + t] = s;
   }
   __syncthreads();
 #pragma unroll
   for (int i = 0; i < kPasses; ++i) {
     const int r = t / C + i * kRowsPerPass;
-    const float inv = 1.f / row_scale[r];
+    const float inv = row_inv[r];
     float v[8];
     values(i, v);
     *reinterpret_cast<uint2*>(out + static_cast<int64_t>(row0 + r) * DPAD + chunk * 8) =
@@ -250,7 +290,9 @@ __host__ __device__ inline bool statistics_needed(const PrepareParams& p, bool o
 
 // Per-channel statistics of one head's tokens [n0, n1), read by `load`, into dst (4 x DPAD floats: K sums, V max,
 // V min, V sums): sums of K / nk (of_v false), or max/min/sums of V / nk (the means' terms: the sum of bf16 K or V
-// itself can overflow fp32 where the mean does not). K and V are separate units: either alone keeps few
+// itself can overflow fp32 where the mean does not). V's sums serve only its mean (smooth_v): without it they are
+// zeros, not taken, and V's pass is two packed 16-bit compares per pair of elements (a test per row: one loop per
+// kind of unit spilled at prepare_kv's 40 registers). K and V are separate units: either alone keeps few
 // accumulators, so the launch keeps many programs per SM. red: reduce_channels' shared scratch.
 template <typename T, int DPAD, typename Load>
 __device__ void kv_statistics(const PrepareParams& p, Load load, int n0, int n1, bool of_v, float* dst,
@@ -265,13 +307,16 @@ __device__ void kv_statistics(const PrepareParams& p, Load load, int n0, int n1,
 #pragma unroll
   for (int e = 0; e < 8; ++e) sum[e] = 0.f;
   const float inv_n = 1.f / p.nk;
+  const bool sums = !of_v || p.smooth_v;
 #pragma unroll 4
   for (int n = n0 + t / C; n < n1; n += kRowsPerPass) {
     const uint4 raw = load(n, chunk);
-    float y[8];
-    to_floats<T>(raw, y);
+    if (sums) {
+      float y[8];
+      to_floats<T>(raw, y);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) sum[e] += y[e] * inv_n;
+      for (int e = 0; e < 8; ++e) sum[e] += y[e] * inv_n;
+    }
     if (of_v) {
       const T2* r = reinterpret_cast<const T2*>(&raw);
       T2* h = reinterpret_cast<T2*>(&hi);
@@ -280,12 +325,13 @@ __device__ void kv_statistics(const PrepareParams& p, Load load, int n0, int n1,
       for (int i = 0; i < 4; ++i) h[i] = __hmax2(h[i], r[i]), l[i] = __hmin2(l[i], r[i]);
     }
   }
+  if (!of_v) return reduce_channels<DPAD, kSum>(red, sum, dst);
   to_floats<T>(hi, mx);
   to_floats<T>(lo, mn);
-  if (!of_v) return reduce_channels<DPAD, kSum>(red, sum, dst);
   reduce_channels<DPAD, kMax>(red, mx, dst + DPAD);
   reduce_channels<DPAD, kMin>(red, mn, dst + 2 * DPAD);
-  reduce_channels<DPAD, kSum>(red, sum, dst + 3 * DPAD);
+  if (sums) reduce_channels<DPAD, kSum>(red, sum, dst + 3 * DPAD);
+  else if (t < DPAD) dst[3 * DPAD + t] = 0.f;
 }
 
 // One head's statistics from its partials (n_parts of them; part(i, j) is value j of partial i at this thread's
@@ -334,45 +380,63 @@ __device__ __forceinline__ int fp8_key_slot(int key) {
   return (key / 16) * 16 + ((r % 8) / 2) * 4 + (r / 8) * 2 + r % 2;
 }
 
-// Thread t converts key t % 64 of the block, kChunks 8-channel chunks of it: a warp's 32 keys fill 32 consecutive
-// bytes of a V^T row, so its byte stores into the transposed tile (shared, 16-byte aligned) hit 8 words, not one bank
-// 16 times. V's rows come from `load` (global_rows' form); ready() runs once the loads are issued and before mean and
-// inv_scale (1 / V's scale per channel; both 16-byte aligned) are read.
+// Where byte `slot` of channel row `channel` of v_to_fp8's transposed tile lies: odd 8-channel chunks swap the
+// 32-byte halves of their 64-byte rows.
+__device__ __forceinline__ int tile_byte(int channel, int slot) { return slot ^ (channel & 8) * 4; }
+
+// fp8_key_slot keeps keys 2i and 2i + 1 side by side, so a lane converts such a pair of keys in one 8-channel chunk
+// and stores each channel's two e4m3 bytes as one 16-bit word of the transposed tile. A warp takes 16 pairs (32 keys)
+// in two chunks, the chunk from the lane's lowest bit: each quarter warp's 16-byte reads of rows held in shared
+// memory (128-byte swizzled rows) then fall on 8 different units. The two chunks' tile rows are 8 channels apart,
+// on the same banks, so odd chunks store into the other half of the tile's rows (tile_byte) and the warp's stores
+// do not conflict either. V's rows come from `load` (global_rows' form); ready() runs once the loads
+// are issued and before mean and inv_scale (1 / V's scale per channel; both 16-byte aligned) are read. mean:
+// subtracted where p.smooth_v (otherwise all zero).
+
 template <typename T, int DPAD, typename Load, typename Ready>
 __device__ void v_to_fp8(const PrepareParams& p, int b, int hk, int n0, Load load, const float* mean,
                          const float* inv_scale, Ready ready, uint8_t (*tile)[kKBlock]) {
-  constexpr int kChunks = DPAD / 8 * kKBlock / kPrepThreads;
-  const int t = threadIdx.x, r = t % kKBlock;
-  const bool live = n0 + r < p.nk;  // padded keys stay exactly 0 (a mean would make them nonzero)
-  const int slot = fp8_key_slot(r % 32) + (r / 32) * 32;
-  uint4 raw[kChunks];
+  constexpr int C = DPAD / 8, kRounds = C / 8;  // a warp's (32 keys, 2 chunks) per round: 2 * C / 2 of them
+  const int t = threadIdx.x, lane = t % 32, warp = t / 32;
+  const int key = (warp % 2) * 32 + (lane / 2) * 2;  // and key + 1
+  const int slot = fp8_key_slot(key % 32) + (key / 32) * 32;
+  auto chunk_of = [&](int round) { return (warp / 2 + round * 4) * 2 + lane % 2; };
+  uint4 raw[kRounds][2];
 #pragma unroll
-  for (int i = 0; i < kChunks; ++i)
-    raw[i] = load(n0 + r, t / kKBlock * kChunks + i);
+  for (int i = 0; i < kRounds; ++i)
+    raw[i][0] = load(n0 + key, chunk_of(i)), raw[i][1] = load(n0 + key + 1, chunk_of(i));
   ready();
+  // padded keys stay exactly 0 (a mean, or a NaN scale of a channel holding NaN, would make them nonzero)
+  const uint32_t keep = n0 + key + 1 < p.nk ? 0xffffu : n0 + key < p.nk ? 0x00ffu : 0u;
+  auto convert = [&](auto kMean) {
 #pragma unroll
-  for (int i = 0; i < kChunks; ++i) {
-    const int chunk = t / kKBlock * kChunks + i;
-    float x[8], m[8], inv[8];
-    to_floats<T>(raw[i], x);
-    load8f(mean + chunk * 8, m);
-    load8f(inv_scale + chunk * 8, inv);
+    for (int i = 0; i < kRounds; ++i) {
+      const int chunk = chunk_of(i);
+      float m[8], inv[8];
+      load8f(inv_scale + chunk * 8, inv);
+      if constexpr (decltype(kMean)::value) load8f(mean + chunk * 8, m);
 #pragma unroll
-    for (int e = 0; e < 8; e += 2) {
-      const int c = chunk * 8 + e;
-      const float y0 = live ? (x[e] - m[e]) * inv[e] : 0.f;
-      const float y1 = live ? (x[e + 1] - m[e + 1]) * inv[e + 1] : 0.f;
-      const uint32_t two = ptx::e4m3x2(y0, y1);
-      tile[c][slot] = static_cast<uint8_t>(two & 0xff);
-      tile[c + 1][slot] = static_cast<uint8_t>(two >> 8);
+      for (int e = 0; e < 8; ++e) {
+        float y[2];
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+          const float x = to_float(reinterpret_cast<const T*>(&raw[i][k])[e]);
+          y[k] = (decltype(kMean)::value ? x - m[e] : x) * inv[e];
+        }
+        const int c = chunk * 8 + e;
+        *reinterpret_cast<uint16_t*>(&tile[c][tile_byte(c, slot)]) =
+            static_cast<uint16_t>(ptx::e4m3x2(y[0], y[1]) & keep);
+      }
     }
-  }
+  };
+  if (p.smooth_v) convert(std::true_type{});
+  else convert(std::false_type{});
   __syncthreads();
   uint8_t* dst = static_cast<uint8_t*>(p.v_out) + (static_cast<int64_t>(b) * p.hk + hk) * DPAD * p.nk_pad + n0;
   for (int u = t; u < DPAD * (kKBlock / 16); u += kPrepThreads) {
     const int c = u / (kKBlock / 16), part = u % (kKBlock / 16);
     *reinterpret_cast<uint4*>(dst + static_cast<int64_t>(c) * p.nk_pad + part * 16) =
-        *reinterpret_cast<const uint4*>(&tile[c][part * 16]);
+        *reinterpret_cast<const uint4*>(&tile[c][tile_byte(c, part * 16)]);
   }
 }
 

@@ -267,19 +267,29 @@ def test_strided_and_unaligned_views(family, fp8):
 @pytest.mark.parametrize("gran", GRANULARITIES)
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("long_heads", [False, True])
-def test_quantize_matches_reference_bit_for_bit(family, fp8, gran, d, long_heads):
-    """INT8 Q and K (given the kernel's K mean) and the FP8 V^T (given its V mean) equal the reference's. The sm90
-    module prepares short heads in clusters (one pass) and long ones like the other families: both are checked."""
+@pytest.mark.parametrize("smooth_v", [True, False])
+def test_quantize_matches_reference_bit_for_bit(family, fp8, gran, d, long_heads, smooth_v):
+    """INT8 Q and K (given the kernel's K mean) and the FP8 V^T (given its V mean, where smooth_v asks for one) equal
+    the reference's. The sm90 module prepares short heads in clusters (one pass) and long ones like the other
+    families: both are checked."""
     mod = module(family)
     nk = 11000 if long_heads else 333 if d == 128 else 1500  # d64: several statistics chunks per head
     q, k, v = make_qkv(b=2, hq=4, hk=2, nq=300, nk=nk, d=d, k_bias=2.0, q_outlier=4.0, seed=5)
     v_mode = V_FP8 if fp8 else V_16
     g = GRAN_CODE[gran]
-    q_i8, q_s, k_i8, k_s, k_mean, v_out, v_s, v_mean = mod.quantize(q, k, v, False, g, g, v_mode, True, True, 448.0)
+    q_i8, q_s, k_i8, k_s, k_mean, v_out, v_s, v_mean = mod.quantize(q, k, v, False, g, g, v_mode, True, smooth_v,
+                                                                    448.0)
     ref_kmean = reference.token_mean(k.cpu())
     assert torch.allclose(k_mean.cpu()[:, :, None, :], ref_kmean, rtol=1e-5, atol=1e-6)
     assert_int8_matches_reference(q, q_i8, q_s, q_grouping(gran, True), None, f"{gran} Q")
     assert_int8_matches_reference(k, k_i8, k_s, k_grouping(gran, True), k_mean.cpu()[:, :, None, :], f"{gran} K")
+    if not smooth_v:
+        assert v_mean is None
+        if fp8:
+            assert_fp8_v_matches_reference(v, v_out, v_s)
+        else:
+            assert torch.equal(v_out.cpu()[:, :, :nk, :d], v.cpu())
+        return
     vm = v_mean.cpu()[:, :, None, :]
     assert torch.allclose(vm, reference.token_mean(v.cpu()), rtol=1e-5, atol=1e-6)
     if fp8:
@@ -312,6 +322,35 @@ def test_each_head_is_quantized_with_its_own_statistics(family, fp8, nk):
         assert_int8_matches_reference(k, k_i8, k_s, k_grouping(gran, True), k_mean.cpu()[:, :, None, :], "K")
         if fp8:
             assert_fp8_v_matches_reference(v, v_out, v_s)
+
+
+@pytest.mark.parametrize("family, fp8", FAMILIES)
+@pytest.mark.parametrize("gran", GRANULARITIES)
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("long_heads", [False, True])
+def test_quantize_marks_non_finite_k_groups_like_the_reference(family, fp8, gran, d, long_heads):
+    """K groups holding inf, -inf or NaN get a NaN scale, exactly where the reference's do, and every other group
+    keeps its INT8 values and scale; padding keys (nk not a multiple of 64) stay out of every group. K's group
+    maximum at head_dim 128 comes from per-channel extremes, at 64 from each element."""
+    mod = module(family)
+    nk = 11000 if long_heads else 333
+    q, k, v = make_qkv(b=1, hq=2, hk=2, nq=64, nk=nk, d=d, k_bias=2.0, seed=6)
+    k = k.clone()
+    for (h, key, c), value in {(0, 5, 3): float("inf"), (0, 70, d - 1): float("-inf"), (1, 130, 0): float("nan"),
+                               (1, nk - 1, 7): float("inf")}.items():
+        k[0, h, key, c] = value
+    g = GRAN_CODE[gran]
+    _, _, k_i8, k_s, _, _, _, _ = mod.quantize(q, k, v, False, g, g, V_FP8 if fp8 else V_16, False, False, 448.0)
+    grouping = k_grouping(gran, True)
+    r_i8, r_s = reference.quantize_int8(k.cpu(), grouping)
+    r_s = reference.expand_groups(r_s, grouping, nk)
+    got_s = k_s.cpu()[:, :, :nk]
+    assert r_s.isnan().any() and not r_s.isnan().all(), "the test must mark some groups and leave others"
+    assert torch.equal(got_s.isnan(), r_s.isnan()), "non-finite groups differ"
+    finite = ~r_s.isnan()
+    assert torch.equal(got_s[finite], r_s[finite]), "scales of finite groups differ"
+    assert torch.equal(k_i8.cpu()[:, :, :nk, :d][finite], r_i8[finite]), "INT8 values of finite groups differ"
+    assert not k_i8.cpu()[:, :, nk:].any(), "padding rows must be zero"
 
 
 def assert_int8_matches_reference(x, x_i8, x_scale, grouping, mean, what):
