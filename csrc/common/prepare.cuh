@@ -72,6 +72,21 @@ struct Packed<__nv_bfloat16> {
   using type = __nv_bfloat162;
 };
 
+// hi and lo become the element-wise max and min of themselves and raw, eight 16-bit values each, two per packed
+// compare (exact). kKeepNan: a NaN element makes both NaN (otherwise the compares skip it).
+template <typename T, bool kKeepNan>
+__device__ __forceinline__ void widen_extremes(uint4& hi, uint4& lo, const uint4& raw) {
+  using T2 = typename Packed<T>::type;
+  const T2* r = reinterpret_cast<const T2*>(&raw);
+  T2* h = reinterpret_cast<T2*>(&hi);
+  T2* l = reinterpret_cast<T2*>(&lo);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    h[i] = kKeepNan ? __hmax2_nan(h[i], r[i]) : __hmax2(h[i], r[i]);
+    l[i] = kKeepNan ? __hmin2_nan(l[i], r[i]) : __hmin2(l[i], r[i]);
+  }
+}
+
 // Eight floats from 16-byte aligned (shared) memory.
 __device__ __forceinline__ void load8f(const float* src, float (&out)[8]) {
   *reinterpret_cast<float4*>(out) = reinterpret_cast<const float4*>(src)[0];
@@ -174,16 +189,11 @@ __device__ void quantize_block(Load load, int row0, int n_rows, bool is_q, int g
     // Fewer passes do not pay for the per-channel step. Padding rows (a suffix of the passes) stay out.
     float mx = 0.f, bad = 0.f;
     if (row0 + t / C < n_rows) {
-      using T2 = typename Packed<T>::type;
       uint4 hi = raw[0], lo = raw[0];
 #pragma unroll
       for (int i = 1; i < kPasses; ++i) {
         if (row0 + t / C + i * kRowsPerPass >= n_rows) break;
-        const T2* r = reinterpret_cast<const T2*>(&raw[i]);
-        T2* h = reinterpret_cast<T2*>(&hi);
-        T2* l = reinterpret_cast<T2*>(&lo);
-#pragma unroll
-        for (int k = 0; k < 4; ++k) h[k] = __hmax2_nan(h[k], r[k]), l[k] = __hmin2_nan(l[k], r[k]);
+        widen_extremes<T, true>(hi, lo, raw[i]);
       }
       float h[8], l[8];
       to_floats<T>(hi, h);
@@ -291,15 +301,14 @@ __host__ __device__ inline bool statistics_needed(const PrepareParams& p, bool o
 // Per-channel statistics of one head's tokens [n0, n1), read by `load`, into dst (4 x DPAD floats: K sums, V max,
 // V min, V sums): sums of K / nk (of_v false), or max/min/sums of V / nk (the means' terms: the sum of bf16 K or V
 // itself can overflow fp32 where the mean does not). V's sums serve only its mean (smooth_v): without it they are
-// zeros, not taken, and V's pass is two packed 16-bit compares per pair of elements (a test per row: one loop per
-// kind of unit spilled at prepare_kv's 40 registers). K and V are separate units: either alone keeps few
+// not taken (finish_statistics reads them only for smooth_v), and V's pass is two packed 16-bit compares per pair
+// of elements (a test per row: one loop per kind of unit spilled at prepare_kv's 40 registers). K and V are separate units: either alone keeps few
 // accumulators, so the launch keeps many programs per SM. red: reduce_channels' shared scratch.
 template <typename T, int DPAD, typename Load>
 __device__ void kv_statistics(const PrepareParams& p, Load load, int n0, int n1, bool of_v, float* dst,
                               float (*red)[kRedStride]) {
   constexpr int C = DPAD / 8, kRowsPerPass = kPrepThreads / C;
   const int t = threadIdx.x, chunk = t % C;
-  using T2 = typename Packed<T>::type;  // V's extremes are taken on the 16-bit values, two per instruction (exact)
   const uint32_t inf = kInfBits<T> * 0x10001u;
   float sum[8], mx[8], mn[8];
   uint4 hi = make_uint4(inf | 0x80008000u, inf | 0x80008000u, inf | 0x80008000u, inf | 0x80008000u);
@@ -317,13 +326,7 @@ __device__ void kv_statistics(const PrepareParams& p, Load load, int n0, int n1,
 #pragma unroll
       for (int e = 0; e < 8; ++e) sum[e] += y[e] * inv_n;
     }
-    if (of_v) {
-      const T2* r = reinterpret_cast<const T2*>(&raw);
-      T2* h = reinterpret_cast<T2*>(&hi);
-      T2* l = reinterpret_cast<T2*>(&lo);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) h[i] = __hmax2(h[i], r[i]), l[i] = __hmin2(l[i], r[i]);
-    }
+    if (of_v) widen_extremes<T, false>(hi, lo, raw);
   }
   if (!of_v) return reduce_channels<DPAD, kSum>(red, sum, dst);
   to_floats<T>(hi, mx);
@@ -331,7 +334,6 @@ __device__ void kv_statistics(const PrepareParams& p, Load load, int n0, int n1,
   reduce_channels<DPAD, kMax>(red, mx, dst + DPAD);
   reduce_channels<DPAD, kMin>(red, mn, dst + 2 * DPAD);
   if (sums) reduce_channels<DPAD, kSum>(red, sum, dst + 3 * DPAD);
-  else if (t < DPAD) dst[3 * DPAD + t] = 0.f;
 }
 
 // One head's statistics from its partials (n_parts of them; part(i, j) is value j of partial i at this thread's
