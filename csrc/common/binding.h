@@ -73,6 +73,7 @@ inline bool readable_in_place(const torch::Tensor& t, int64_t d, int64_t d_pad) 
 // One workspace for every intermediate of a call: a single allocation, carved at 256-byte boundaries.
 struct Workspace {
   sage::PrepareParams p{};
+  bool kv_counted = false;  // the preparation counts its prepared heads in p.kv_ready (prepare_qkv)
   std::vector<std::pair<int64_t, int64_t>> parts;  // (offset, bytes) of q_i8, q_scale, k_i8, k_scale, k_mean,
                                                   // v_out, v_scale, v_mean, partials, counters
   torch::Tensor buffer;
@@ -99,7 +100,7 @@ inline Workspace prepare(const Views& x, bool quantize_q, int q_gran, int k_gran
   const int64_t q_rows = quantize_q ? bq * p.nq_pad : 0;
   const int64_t sizes[10] = {q_rows * p.d_pad, q_rows * 4, bk * p.nk_pad * p.d_pad, bk * p.nk_pad * 4,
                              bk * p.d_pad * 4, v_bytes, bk * p.d_pad * 4, bk * p.d_pad * 4,
-                             bk * p.n_chunks * 4 * p.d_pad * 4, (1 + 2 * bk) * 4};
+                             bk * p.n_chunks * 4 * p.d_pad * 4, (2 + 3 * bk) * 4};
   int64_t total = 0;
   for (int64_t s : sizes) {
     w.parts.emplace_back(total, s);
@@ -116,7 +117,8 @@ inline Workspace prepare(const Views& x, bool quantize_q, int q_gran, int k_gran
   p.v_mean = smooth_v ? reinterpret_cast<float*>(at(7)) : nullptr;
   p.partials = reinterpret_cast<float*>(at(8));
   p.counters = reinterpret_cast<int*>(at(9));
-  sage::prepare_qkv(p, x.q.scalar_type() == at::kBFloat16 ? sage::kBF16 : sage::kF16, stream);
+  p.kv_ready = p.counters + 1 + 2 * bk;
+  w.kv_counted = sage::prepare_qkv(p, x.q.scalar_type() == at::kBFloat16 ? sage::kBF16 : sage::kF16, stream);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return w;
 }
@@ -167,16 +169,19 @@ std::vector<torch::Tensor> attention(const torch::Tensor& q, const torch::Tensor
                      : (smooth_v || !readable_in_place(x.v, x.d, d_pad)) ? sage::kV16 : sage::kVNone;
   // an fp16 accumulator over 64 keys of p * 448 * v stays finite for |v| <= 2.25
   const float v_max = kPvFp8 && accum == sage::kAccF16Inner ? 2.25f : 448.f;
+  // (copied before the preparation: the sm90 kernel may start before the launch ahead of it ends, and reads q16
+  // without waiting for it)
+  const torch::Tensor q16 = kKernelQuantizesQ ? copy_engine_readable(x.q) : torch::Tensor();
   const Workspace w = prepare(x, !kKernelQuantizesQ, static_cast<int>(q_gran), static_cast<int>(k_gran), v_mode,
                               smooth_k, smooth_v, v_max, stream);
   const sage::PrepareParams& p = w.p;
-  const torch::Tensor q16 = kKernelQuantizesQ ? copy_engine_readable(x.q) : torch::Tensor();
   torch::Tensor out = torch::empty(q.sizes(), q.options());
   const torch::Tensor out_hnd = nhd ? out.transpose(1, 2) : out;
   const auto f32 = q.options().dtype(at::kFloat);
   torch::Tensor lse = return_lse ? torch::empty({x.batch, x.hq, x.nq}, f32) : torch::empty({0}, f32);
   sage::AttentionParams a{};
   a.q_i8 = p.q_i8, a.q_scale = p.q_scale, a.k_i8 = p.k_i8, a.k_scale = p.k_scale;
+  a.kv_ready = w.kv_counted ? p.kv_ready : nullptr;
   if (kKernelQuantizesQ) a.q16 = strided(q16);
   a.q_gran = static_cast<int>(q_gran);
   if (v_mode == sage::kVNone) a.v = strided(x.v);

@@ -46,8 +46,10 @@ struct PrepareParams {
   int n_chunks;         // token chunks of the statistics units (per K/V head)
   int chunk_len;        // tokens per chunk, a multiple of kKBlock
   float* partials;      // [B, Hk, n_chunks, 4, d_pad]: K sums, V max, V min, V sums
-  int* counters;        // [1 + 2 B Hk], zeroed per call: the units' ticket, then per head and tensor (K, V) its
-                        // finished statistics chunks (n_chunks + 1 once the head's statistics are finished)
+  int* counters;        // [1 + 2 B Hk], zeroed per call (with kv_ready, which follows): the units' ticket, then per
+                        // head and tensor (K, V) its finished statistics chunks (n_chunks + 1 once they are finished)
+  int* kv_ready;        // [B Hk + 1]: per head, its K and V blocks written so far (kv_ready_count once all are),
+                        // then the heads complete; counted where prepare_qkv says so
   int lag_heads;        // heads between a head's statistics units and its quantization units (set at launch)
   int8_t* q_i8;
   float* q_scale;
@@ -66,6 +68,8 @@ struct AttentionParams {
   int q_gran;
   const int8_t* k_i8;
   const float* k_scale;
+  const int* kv_ready;  // nullptr, or PrepareParams::kv_ready where prepare_qkv counts it: the sm90 kernel then
+                        // starts while the preparation runs and reads a K/V head once its count is complete
   Strided v;            // 16-bit V rows (caller's or v_16), or v_fp8 (contiguous [B, Hk, d_pad, nk_pad])
   const float* v_scale; // FP8 P·V only
   float v_max;          // FP8 P·V: |quantized V| <= v_max (V = quantized V * v_scale)
@@ -80,8 +84,12 @@ struct AttentionParams {
   int pv_accum;
 };
 
-// Quantization (both families).
-void prepare_qkv(const PrepareParams& p, DType dtype, cudaStream_t stream);
+// A head's K and V blocks of kKBlock keys: what kv_ready counts up to once the head is prepared.
+__host__ __device__ inline int kv_ready_count(int nk_pad) { return 2 * (nk_pad / kKBlock); }
+
+// Quantization (every family). True where the launch counts its prepared K/V heads in p.kv_ready: the attention
+// kernel may then start before it ends (the sm90 family's clusters).
+bool prepare_qkv(const PrepareParams& p, DType dtype, cudaStream_t stream);
 // INT8 Q·K^T with 16-bit P·V (mma.sync, sm80+).
 void attention_pv16(const AttentionParams& p, DType dtype, int d_pad, cudaStream_t stream);
 // INT8 Q·K^T with FP8 e4m3 P·V (mma.sync, sm89+).

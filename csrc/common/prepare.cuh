@@ -601,18 +601,21 @@ inline int current_sm_count() {
   return sms;
 }
 
-// The K/V preparation a family tries before prepare_kv (launch_kv returns whether it took the call): none here;
-// the sm90 module brings one (csrc/sm90/prepare.cu).
+// The K/V preparation a family tries before prepare_kv (launch_kv returns whether it took the call; where it does,
+// it counts its prepared heads in p.kv_ready): none here; the sm90 module brings one (csrc/sm90/prepare.cu).
 struct NoKvFirst {
   template <typename T, int DPAD>
   static bool launch_kv(const PrepareParams&, cudaStream_t) { return false; }
 };
 
+// Returns whether the K/V preparation counts its prepared heads in p.kv_ready (KvFirst's does; prepare_kv, which takes
+// long heads, where the attention kernel has little to overlap with it, does not).
 template <typename T, int DPAD, bool kFp8V, typename KvFirst>
-void launch_prepare(const PrepareParams& params, cudaStream_t stream) {
+bool launch_prepare(const PrepareParams& params, cudaStream_t stream) {
   if (q_blocks(params) > 0)
     quantize_q_blocks<T, DPAD><<<params.batch * params.hq * q_blocks(params), kPrepThreads, 0, stream>>>(params);
-  if (KvFirst::template launch_kv<T, DPAD>(params, stream)) return;
+  cudaMemsetAsync(params.counters, 0, (2 + 3 * params.batch * params.hk) * sizeof(int), stream);
+  if (KvFirst::template launch_kv<T, DPAD>(params, stream)) return true;
   static int per_sm = 0;  // resident programs per SM (the same on every device this module runs on)
   if (per_sm == 0) cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, prepare_kv<T, DPAD, kFp8V>, kPrepThreads, 0);
   const int sms = current_sm_count();
@@ -622,21 +625,20 @@ void launch_prepare(const PrepareParams& params, cudaStream_t stream) {
   // programs wait, and 162 at a whole, where fewer rereads hit L2; docs/benchmarks.md, session 19).
   const float lag_units = 0.5f * sms * per_sm * (p.chunk_len / kKBlock);
   p.lag_heads = max(1, static_cast<int>(ceilf(lag_units / (stats_units(p) + quant_units(p)))));
-  cudaMemsetAsync(p.counters, 0, (1 + 2 * p.batch * p.hk) * sizeof(int), stream);
   prepare_kv<T, DPAD, kFp8V><<<p.batch * p.hk * (stats_units(p) + quant_units(p)), kPrepThreads, 0, stream>>>(p);
+  return false;
 }
 
 // kFp8V: the module's V rewrite (FP8 V^T needs sm89's e4m3 conversions; the sm80 family writes 16-bit V).
 template <bool kFp8V, typename KvFirst = NoKvFirst>
-void prepare_for_family(const PrepareParams& p, DType dtype, cudaStream_t stream) {
+bool prepare_for_family(const PrepareParams& p, DType dtype, cudaStream_t stream) {
   const bool bf16 = dtype == kBF16;
   if (p.d_pad == 64) {
-    bf16 ? launch_prepare<__nv_bfloat16, 64, kFp8V, KvFirst>(p, stream)
-         : launch_prepare<half, 64, kFp8V, KvFirst>(p, stream);
-  } else {
-    bf16 ? launch_prepare<__nv_bfloat16, 128, kFp8V, KvFirst>(p, stream)
-         : launch_prepare<half, 128, kFp8V, KvFirst>(p, stream);
+    return bf16 ? launch_prepare<__nv_bfloat16, 64, kFp8V, KvFirst>(p, stream)
+                : launch_prepare<half, 64, kFp8V, KvFirst>(p, stream);
   }
+  return bf16 ? launch_prepare<__nv_bfloat16, 128, kFp8V, KvFirst>(p, stream)
+              : launch_prepare<half, 128, kFp8V, KvFirst>(p, stream);
 }
 
 }  // namespace sage

@@ -111,5 +111,24 @@ __device__ __forceinline__ int load_acquire(const int* x) {
 __device__ __forceinline__ void store_release(int* x, int v) {
   asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(x), "r"(v) : "memory");
 }
+// *x += v at GPU scope, release (cumulative: the writes this thread has seen happen, through a __syncthreads its
+// block's, are visible to whoever acquires the sum) and, for add_acq_rel, acquire (the writes released by earlier
+// adds to x are visible to this thread); add_acq_rel returns the old value.
+__device__ __forceinline__ void add_release(int* x, int v) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(x), "r"(v) : "memory");
+}
+__device__ __forceinline__ int add_acq_rel(int* x, int v) {
+  int old;
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;\n" : "=r"(old) : "l"(x), "r"(v) : "memory");
+  return old;
+}
+
+// Lets the launch that follows this one in the stream, where it is this one's programmatic dependent, start as soon as
+// every program of this launch has executed this (on the SMs they leave; sm90+, nothing before).
+__device__ __forceinline__ void launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
 
 }  // namespace sage::ptx

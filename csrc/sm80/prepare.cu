@@ -1,6 +1,6 @@
 // Quantization kernels of this module (each family's module carries its own copy: modules load independently).
 #include "common/prepare.cuh"
 
-void sage::prepare_qkv(const PrepareParams& p, DType dtype, cudaStream_t stream) {
-  prepare_for_family<false>(p, dtype, stream);
+bool sage::prepare_qkv(const PrepareParams& p, DType dtype, cudaStream_t stream) {
+  return prepare_for_family<false>(p, dtype, stream);
 }

@@ -108,6 +108,8 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, i
 
 // This thread's shared-memory writes, visible to the warpgroup MMAs (the async proxy) that read them next.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// Global memory this thread has seen written (an acquire), visible as such to the bulk copies it issues next.
+__device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
 
 // Barrier `id` (1..15; 0 is __syncthreads') over `count` threads, a multiple of 32.
 __device__ __forceinline__ void named_barrier(int id, int count) {

@@ -7,7 +7,9 @@
 // memory by the bulk tensor copy engine; the programs exchange their per-channel partial statistics through
 // distributed shared memory, then quantize their slices from shared memory. Each tensor is read from DRAM once, and no
 // program waits for another cluster. The arithmetic is prepare_kv's, the same functions on rows read from shared
-// memory, so the INT8 and FP8 values are the same given the same statistics (sums in another fixed order).
+// memory, so the INT8 and FP8 values are the same given the same statistics (sums in another fixed order). Each
+// program counts the blocks it wrote (p.kv_ready), and lets the attention kernel, launched as its programmatic
+// dependent, start on the SMs the last programs leave: that kernel reads each head once its count is complete.
 #include "common/launch.h"
 #include "common/prepare.cuh"
 #include "sm90/hopper.cuh"
@@ -34,6 +36,14 @@ int cluster_slice(int nk_pad, int d_pad) {
   return slice * row_bytes <= kMaxSliceBytes ? slice : 0;
 }
 
+// Counts `blocks` K or V blocks of `head` that this program has written into p.kv_ready; the program that completes
+// the head's count also counts the head among the complete ones (p.kv_ready[B Hk]).
+__device__ __forceinline__ void count_ready_blocks(const PrepareParams& p, int64_t head, int blocks) {
+  __syncthreads();  // every thread's stores of the blocks come before the count
+  if (threadIdx.x == 0 && ptx::add_acq_rel(p.kv_ready + head, blocks) + blocks == kv_ready_count(p.nk_pad))
+    ptx::add_release(p.kv_ready + p.batch * p.hk, 1);
+}
+
 // Program `rank` of cluster 2 * head + of_v prepares tokens [rank * slice, +slice) of that head's K or V. Its rows are
 // copied in boxes of 64 rows x 64 columns, 128-byte swizzled (a warp's 32 row reads at one column hit all banks),
 // into one region per 64-column half of the head dimension.
@@ -49,6 +59,7 @@ __global__ void __launch_bounds__(kPrepThreads, kClusterProgramsPerSm)
     uint8_t tile[DPAD][kKBlock];
   } scratch;
   __shared__ __align__(8) uint64_t loaded;
+  ptx::launch_dependents();  // the attention kernel waits for each head's kv_ready count, not for this launch's end
   uint8_t* rows = smem_raw + ((1024 - ptx::smem_addr(smem_raw) % 1024) % 1024);  // swizzle atoms are 1024-aligned
   const int programs = cluster_size(), rank = cluster_rank(), unit = blockIdx.x / programs;
   const bool of_v = unit % 2;
@@ -91,6 +102,7 @@ __global__ void __launch_bounds__(kPrepThreads, kClusterProgramsPerSm)
       __syncthreads();  // the transposed tile is read out before the next block writes it
     }
   }
+  count_ready_blocks(p, head, (n1 - n0) / kKBlock);
   cluster_wait();  // no program leaves while another may still read its partials
 }
 
@@ -130,6 +142,6 @@ bool InClusters::launch_kv(const PrepareParams& p, cudaStream_t stream) {
 }  // namespace
 }  // namespace sage::sm90
 
-void sage::prepare_qkv(const PrepareParams& p, DType dtype, cudaStream_t stream) {
-  prepare_for_family<true, sm90::InClusters>(p, dtype, stream);
+bool sage::prepare_qkv(const PrepareParams& p, DType dtype, cudaStream_t stream) {
+  return prepare_for_family<true, sm90::InClusters>(p, dtype, stream);
 }
