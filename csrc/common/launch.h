@@ -28,6 +28,19 @@ bool raise_dynamic_smem(int bytes) {
   return bytes <= 48 * 1024 || set_attribute_once<kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize>(bytes);
 }
 
+// Launches kernel with one launch attribute (a cluster shape, a programmatic dependency); false where the runtime
+// refused it, the refusal cleared rather than left for the next launch to report.
+template <typename... Params, typename... Args>
+bool launch_with_attribute(cudaLaunchAttribute attr, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                           void (*kernel)(Params...), const Args&... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid, config.blockDim = block, config.dynamicSmemBytes = smem, config.stream = stream;
+  config.attrs = &attr, config.numAttrs = 1;
+  if (cudaLaunchKernelEx(&config, kernel, args...) == cudaSuccess) return true;
+  cudaGetLastError();
+  return false;
+}
+
 // Whether this module holds device code of kKernel that the current device can run.
 template <auto kKernel>
 bool has_device_code() {

@@ -46,7 +46,7 @@ struct PrepareParams {
   int n_chunks;         // token chunks of the statistics units (per K/V head)
   int chunk_len;        // tokens per chunk, a multiple of kKBlock
   float* partials;      // [B, Hk, n_chunks, 4, d_pad]: K sums, V max, V min, V sums
-  int* counters;        // [1 + 2 B Hk], zeroed per call (with kv_ready, which follows): the units' ticket, then per
+  int* counters;        // [1 + 2 B Hk], zeroed per call with kv_ready, which follows it: the units' ticket, then per
                         // head and tensor (K, V) its finished statistics chunks (n_chunks + 1 once they are finished)
   int* kv_ready;        // [B Hk + 1]: per head, its K and V blocks written so far (kv_ready_count once all are),
                         // then the heads complete; counted where prepare_qkv says so

@@ -302,8 +302,8 @@ __host__ __device__ inline bool statistics_needed(const PrepareParams& p, bool o
 // V min, V sums): sums of K / nk (of_v false), or max/min/sums of V / nk (the means' terms: the sum of bf16 K or V
 // itself can overflow fp32 where the mean does not). V's sums serve only its mean (smooth_v): without it they are
 // not taken (finish_statistics reads them only for smooth_v), and V's pass is two packed 16-bit compares per pair
-// of elements (a test per row: one loop per kind of unit spilled at prepare_kv's 40 registers). K and V are separate units: either alone keeps few
-// accumulators, so the launch keeps many programs per SM. red: reduce_channels' shared scratch.
+// of elements (a test per row: one loop per kind of unit spilled at prepare_kv's 40 registers). K and V are separate
+// units: either alone keeps few accumulators, so the launch keeps many programs per SM. red: reduce_channels' shared scratch.
 template <typename T, int DPAD, typename Load>
 __device__ void kv_statistics(const PrepareParams& p, Load load, int n0, int n1, bool of_v, float* dst,
                               float (*red)[kRedStride]) {
@@ -394,7 +394,6 @@ __device__ __forceinline__ int tile_byte(int channel, int slot) { return slot ^ 
 // do not conflict either. V's rows come from `load` (global_rows' form); ready() runs once the loads
 // are issued and before mean and inv_scale (1 / V's scale per channel; both 16-byte aligned) are read. mean:
 // subtracted where p.smooth_v (otherwise all zero).
-
 template <typename T, int DPAD, typename Load, typename Ready>
 __device__ void v_to_fp8(const PrepareParams& p, int b, int hk, int n0, Load load, const float* mean,
                          const float* inv_scale, Ready ready, uint8_t (*tile)[kKBlock]) {
@@ -614,7 +613,8 @@ template <typename T, int DPAD, bool kFp8V, typename KvFirst>
 bool launch_prepare(const PrepareParams& params, cudaStream_t stream) {
   if (q_blocks(params) > 0)
     quantize_q_blocks<T, DPAD><<<params.batch * params.hq * q_blocks(params), kPrepThreads, 0, stream>>>(params);
-  cudaMemsetAsync(params.counters, 0, (2 + 3 * params.batch * params.hk) * sizeof(int), stream);
+  const int* sync_end = params.kv_ready + params.batch * params.hk + 1;  // kv_ready follows counters
+  cudaMemsetAsync(params.counters, 0, (sync_end - params.counters) * sizeof(int), stream);
   if (KvFirst::template launch_kv<T, DPAD>(params, stream)) return true;
   static int per_sm = 0;  // resident programs per SM (the same on every device this module runs on)
   if (per_sm == 0) cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, prepare_kv<T, DPAD, kFp8V>, kPrepThreads, 0);

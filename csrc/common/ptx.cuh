@@ -123,12 +123,4 @@ __device__ __forceinline__ int add_acq_rel(int* x, int v) {
   return old;
 }
 
-// Lets the launch that follows this one in the stream, where it is this one's programmatic dependent, start as soon as
-// every program of this launch has executed this (on the SMs they leave; sm90+, nothing before).
-__device__ __forceinline__ void launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-
 }  // namespace sage::ptx

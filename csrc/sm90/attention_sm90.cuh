@@ -555,15 +555,9 @@ void launch_attention_sm90(const TensorMaps& maps, const AttentionParams& p, cud
     cudaLaunchAttribute dependent{};
     dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
     dependent.val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(program_count(p));
-    config.blockDim = dim3(kThreads);
-    config.dynamicSmemBytes = Layout<D>::kSmem;
-    config.stream = stream;
-    config.attrs = &dependent;
-    config.numAttrs = 1;
-    if (cudaLaunchKernelEx(&config, kernel, maps.q, maps.k, maps.v, p) == cudaSuccess) return;
-    cudaGetLastError();  // not an error of the call: launched the ordinary way below
+    if (launch_with_attribute(dependent, dim3(program_count(p)), dim3(kThreads), Layout<D>::kSmem, stream, kernel,
+                              maps.q, maps.k, maps.v, p))
+      return;
   }
   kernel<<<program_count(p), kThreads, Layout<D>::kSmem, stream>>>(maps.q, maps.k, maps.v, p);
 }

@@ -111,6 +111,10 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
 // Global memory this thread has seen written (an acquire), visible as such to the bulk copies it issues next.
 __device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
 
+// Lets the launch that follows this one in the stream, where it is this one's programmatic dependent, start as soon as
+// every program of this launch has executed this (on the SMs they leave).
+__device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+
 // Barrier `id` (1..15; 0 is __syncthreads') over `count` threads, a multiple of 32.
 __device__ __forceinline__ void named_barrier(int id, int count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");

@@ -59,7 +59,7 @@ __global__ void __launch_bounds__(kPrepThreads, kClusterProgramsPerSm)
     uint8_t tile[DPAD][kKBlock];
   } scratch;
   __shared__ __align__(8) uint64_t loaded;
-  ptx::launch_dependents();  // the attention kernel waits for each head's kv_ready count, not for this launch's end
+  launch_dependents();  // the attention kernel waits for each head's kv_ready count, not for this launch's end
   uint8_t* rows = smem_raw + ((1024 - ptx::smem_addr(smem_raw) % 1024) % 1024);  // swizzle atoms are 1024-aligned
   const int programs = cluster_size(), rank = cluster_rank(), unit = blockIdx.x / programs;
   const bool of_v = unit % 2;
@@ -127,16 +127,9 @@ bool InClusters::launch_kv(const PrepareParams& p, cudaStream_t stream) {
   cudaLaunchAttribute cluster{};
   cluster.id = cudaLaunchAttributeClusterDimension;
   cluster.val.clusterDim.x = programs, cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(2u * p.batch * p.hk * programs);
-  config.blockDim = dim3(kPrepThreads);
-  config.dynamicSmemBytes = static_cast<size_t>(slice) * DPAD * 2 + 1024;
-  config.stream = stream;
-  config.attrs = &cluster;
-  config.numAttrs = 1;
-  if (cudaLaunchKernelEx(&config, kKernel, k_rows, v_rows, p, slice) == cudaSuccess) return true;
-  cudaGetLastError();  // a launch the device refused (no room for the cluster): not an error of the call
-  return false;
+  // refused where the device has no room for the cluster: prepare_kv takes the call
+  return launch_with_attribute(cluster, dim3(2u * p.batch * p.hk * programs), dim3(kPrepThreads),
+                               static_cast<size_t>(slice) * DPAD * 2 + 1024, stream, kKernel, k_rows, v_rows, p, slice);
 }
 
 }  // namespace
