@@ -73,7 +73,6 @@ inline bool readable_in_place(const torch::Tensor& t, int64_t d, int64_t d_pad) 
 // One workspace for every intermediate of a call: a single allocation, carved at 256-byte boundaries.
 struct Workspace {
   sage::PrepareParams p{};
-  bool kv_counted = false;  // the preparation counts its prepared heads in p.kv_ready (prepare_qkv)
   std::vector<std::pair<int64_t, int64_t>> parts;  // (offset, bytes) of q_i8, q_scale, k_i8, k_scale, k_mean,
                                                   // v_out, v_scale, v_mean, partials, counters
   torch::Tensor buffer;
@@ -98,9 +97,10 @@ inline Workspace prepare(const Views& x, bool quantize_q, int q_gran, int k_gran
   const int64_t v_bytes = v_mode == sage::kVFp8 ? bk * p.d_pad * p.nk_pad
                           : v_mode == sage::kV16 ? bk * p.nk_pad * p.d_pad * 2 : 0;
   const int64_t q_rows = quantize_q ? bq * p.nq_pad : 0;
+  const int64_t n_counters = 1 + 2 * bk;  // PrepareParams::counters, then kv_ready's B Hk + 1
   const int64_t sizes[10] = {q_rows * p.d_pad, q_rows * 4, bk * p.nk_pad * p.d_pad, bk * p.nk_pad * 4,
                              bk * p.d_pad * 4, v_bytes, bk * p.d_pad * 4, bk * p.d_pad * 4,
-                             bk * p.n_chunks * 4 * p.d_pad * 4, (2 + 3 * bk) * 4};
+                             bk * p.n_chunks * 4 * p.d_pad * 4, (n_counters + bk + 1) * 4};
   int64_t total = 0;
   for (int64_t s : sizes) {
     w.parts.emplace_back(total, s);
@@ -117,8 +117,10 @@ inline Workspace prepare(const Views& x, bool quantize_q, int q_gran, int k_gran
   p.v_mean = smooth_v ? reinterpret_cast<float*>(at(7)) : nullptr;
   p.partials = reinterpret_cast<float*>(at(8));
   p.counters = reinterpret_cast<int*>(at(9));
-  p.kv_ready = p.counters + 1 + 2 * bk;
-  w.kv_counted = sage::prepare_qkv(p, x.q.scalar_type() == at::kBFloat16 ? sage::kBF16 : sage::kF16, stream);
+  p.kv_ready = p.counters + n_counters;
+  // kept only where the preparation counts its heads in it (the attention kernel then waits on it)
+  if (!sage::prepare_qkv(p, x.q.scalar_type() == at::kBFloat16 ? sage::kBF16 : sage::kF16, stream))
+    p.kv_ready = nullptr;
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return w;
 }
@@ -181,7 +183,7 @@ std::vector<torch::Tensor> attention(const torch::Tensor& q, const torch::Tensor
   torch::Tensor lse = return_lse ? torch::empty({x.batch, x.hq, x.nq}, f32) : torch::empty({0}, f32);
   sage::AttentionParams a{};
   a.q_i8 = p.q_i8, a.q_scale = p.q_scale, a.k_i8 = p.k_i8, a.k_scale = p.k_scale;
-  a.kv_ready = w.kv_counted ? p.kv_ready : nullptr;
+  a.kv_ready = p.kv_ready;
   if (kKernelQuantizesQ) a.q16 = strided(q16);
   a.q_gran = static_cast<int>(q_gran);
   if (v_mode == sage::kVNone) a.v = strided(x.v);

@@ -49,7 +49,7 @@ struct PrepareParams {
   int* counters;        // [1 + 2 B Hk], zeroed per call with kv_ready, which follows it: the units' ticket, then per
                         // head and tensor (K, V) its finished statistics chunks (n_chunks + 1 once they are finished)
   int* kv_ready;        // [B Hk + 1]: per head, its K and V blocks written so far (kv_ready_count once all are),
-                        // then the heads complete; counted where prepare_qkv says so
+                        // then the heads complete; nullptr after a prepare_qkv that does not count them
   int lag_heads;        // heads between a head's statistics units and its quantization units (set at launch)
   int8_t* q_i8;
   float* q_scale;
@@ -68,8 +68,8 @@ struct AttentionParams {
   int q_gran;
   const int8_t* k_i8;
   const float* k_scale;
-  const int* kv_ready;  // nullptr, or PrepareParams::kv_ready where prepare_qkv counts it: the sm90 kernel then
-                        // starts while the preparation runs and reads a K/V head once its count is complete
+  const int* kv_ready;  // PrepareParams::kv_ready: where set, the sm90 kernel starts while the preparation runs and
+                        // reads a K/V head once its count is complete
   Strided v;            // 16-bit V rows (caller's or v_16), or v_fp8 (contiguous [B, Hk, d_pad, nk_pad])
   const float* v_scale; // FP8 P·V only
   float v_max;          // FP8 P·V: |quantized V| <= v_max (V = quantized V * v_scale)

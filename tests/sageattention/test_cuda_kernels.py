@@ -53,14 +53,19 @@ def poison_allocator(n_bytes: int = 256 << 20) -> None:
     del block
 
 
-def run(mod, q, k, v, layout, *, causal=False, causal_offset=0, gran="per_thread", accum=ACC_TWO_LEVEL,
-        smooth_k=True, smooth_v=False, lse=False, sm_scale=None):
+def attend(mod, q, k, v, layout, *, causal=False, causal_offset=0, gran="per_thread", accum=ACC_TWO_LEVEL,
+         smooth_k=True, smooth_v=False, lse=False, sm_scale=None):
+    """The module's fused op, its positional arguments from names (no synchronization: capturable)."""
     scale = q.shape[-1] ** -0.5 if sm_scale is None else sm_scale
+    g = GRAN_CODE[gran]
+    return mod.attention(q, k, v, layout == "NHD", causal, causal_offset, scale, g, g, accum, smooth_k, smooth_v, lse)
+
+
+def run(mod, q, k, v, layout, **options):
+    """attend, on a poisoned allocator, checked not to change its inputs and to return q's shape and dtype."""
     before = [t.clone() for t in (q, k, v)]
     poison_allocator()
-    g = GRAN_CODE[gran]
-    out, lse_out = mod.attention(q, k, v, layout == "NHD", causal, causal_offset, scale, g, g, accum, smooth_k,
-                                 smooth_v, lse)
+    out, lse_out = attend(mod, q, k, v, layout, **options)
     torch.cuda.synchronize()
     for t, b in zip((q, k, v), before):
         assert torch.equal(t, b), "the kernel changed its inputs"
@@ -196,16 +201,14 @@ def test_cuda_graph_replay_matches_eager(family, fp8):
     mod = module(family)
     shape = dict(b=1, hq=8, hk=4, nq=640, nk=1500, d=128, layout="NHD")
     q, k, v = make_qkv(**shape, seed=1)
-    g = GRAN_CODE["per_thread"]
-    args = (True, False, 0, q.shape[-1] ** -0.5, g, g, ACC_TWO_LEVEL, True, False, False)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):  # warm up off the default stream, as capture requires
-        mod.attention(q, k, v, *args)
+        attend(mod, q, k, v, "NHD")
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        captured, _ = mod.attention(q, k, v, *args)
+        captured, _ = attend(mod, q, k, v, "NHD")
     for seed in (2, 3):
         fresh = make_qkv(**shape, seed=seed)
         for static, new in zip((q, k, v), fresh):
@@ -213,7 +216,7 @@ def test_cuda_graph_replay_matches_eager(family, fp8):
         captured.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        eager, _ = mod.attention(*fresh, *args)
+        eager, _ = attend(mod, *fresh, "NHD")
         assert torch.equal(captured, eager), f"seed {seed}: replay differs from eager"
         ref, _ = sdpa_fp32(*fresh, "NHD")
         assert_close(captured.float().cpu(), ref.cpu(), **TOL[fp8], what=f"replay, seed {seed}")
