@@ -2,7 +2,7 @@
 
 All tensors here are HND: [batch, heads, tokens, head_dim]. The quantizers reproduce the Triton
 kernels' arithmetic operation for operation (fp32; x * (1 / s) with the reciprocal an IEEE
-division; round half away from zero), so quantized values must match the kernels bit for bit. The
+division; round half to even), so quantized values must match the kernels bit for bit. The
 attention itself is evaluated in float64 from the quantized operands, with P rounded the way the
 kernel rounds it.
 
@@ -61,7 +61,7 @@ def expand_groups(scale: torch.Tensor, g: Grouping, n: int) -> torch.Tensor:
 
 
 def round_to_int8(y: torch.Tensor) -> torch.Tensor:
-    return torch.where(y >= 0, y + 0.5, y - 0.5).trunc().to(torch.int8)
+    return torch.round(y).to(torch.int8)  # half to even
 
 
 def quantize_int8(x: torch.Tensor, g: Grouping, mean: torch.Tensor | None = None):

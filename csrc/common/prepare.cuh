@@ -11,7 +11,7 @@
 // reread K and V mostly from L2. The per-block functions read rows through a loader (global_rows here), so the sm90
 // module's one-pass preparation of short heads (csrc/sm90/prepare.cu) runs them on rows held in shared memory.
 // Arithmetic matches sageattention/reference.py operation for operation (fp32, x * (1 / s) with an IEEE reciprocal,
-// round half away from zero), so the INT8 values are bit-exact given the same mean.
+// round half to even), so the INT8 values are bit-exact given the same mean.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -97,9 +97,18 @@ __device__ __forceinline__ void load8f(const float* src, float (&out)[8]) {
 template <typename T, typename Raw, int N>
 __device__ __forceinline__ void to_floats(const Raw& raw, float (&out)[N]) {
   static_assert(sizeof(Raw) == 2 * N, "N 16-bit values");
-  const T* e = reinterpret_cast<const T*>(&raw);
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    // a bf16 is the top half of its fp32: one shift or mask per element (element-wise, the compiler extracts the
+    // upper element before shifting it)
+    const uint32_t* w = reinterpret_cast<const uint32_t*>(&raw);
 #pragma unroll
-  for (int i = 0; i < N; ++i) out[i] = to_float(e[i]);
+    for (int i = 0; i < N / 2; ++i)
+      out[2 * i] = __uint_as_float(w[i] << 16), out[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+  } else {
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = to_float(e[i]);
+  }
 }
 
 template <typename T>
@@ -108,11 +117,11 @@ __device__ __forceinline__ void load8(const Strided& x, int b, int h, int n, int
   to_floats<T>(load8_raw<T>(x, b, h, n, n_rows, c0, d, vec), out);
 }
 
-__device__ __forceinline__ int8_t round_to_int8(float y) {
-  // round half away from zero, like the reference (trunc(y +- 0.5)); NaN (a non-finite group) becomes 0, its scale
-  // carries the NaN
-  return static_cast<int8_t>(__float2int_rz(y + copysignf(0.5f, y)));
-}
+// y rounded to the nearest integer (ties to even, like torch.round) as the low byte of fl(y + 1.5 * 2^23): at that
+// magnitude the ulp is 1, so the add itself rounds, and for |y| < 2^22 the low byte is the INT8 two's complement.
+// One add instead of a conversion. A NaN y gives 0xff: only a non-finite element itself (quantize_block scales the
+// rest of a non-finite group, which its NaN scale marks, by 0).
+__device__ __forceinline__ uint32_t rounded_bits(float y) { return __float_as_uint(__fadd_rn(y, 12582912.f)); }
 
 // A group's INT8 scale from its largest magnitude (NaN where the group holds inf or NaN): max / 127, 1 for an
 // all-zero group, at least fp32's least normal; NaN stays NaN.
@@ -121,13 +130,12 @@ __device__ __forceinline__ float int8_scale(float group_max) {
   return s == 0.f ? 1.f : s < kMinScale ? kMinScale : s;
 }
 
-// Four values times inv, rounded to INT8 and packed, the first in the lowest byte.
+// Four values times inv, rounded to INT8 and packed, the first in the lowest byte (x * inv rounded once, then to
+// an integer: the reference's two steps).
 __device__ __forceinline__ uint32_t quantize4(const float* v, float inv) {
-  uint32_t packed = 0;
-#pragma unroll
-  for (int e = 0; e < 4; ++e)
-    packed |= static_cast<uint32_t>(static_cast<uint8_t>(round_to_int8(v[e] * inv))) << (8 * e);
-  return packed;
+  const uint32_t b0 = rounded_bits(__fmul_rn(v[0], inv)), b1 = rounded_bits(__fmul_rn(v[1], inv));
+  const uint32_t b2 = rounded_bits(__fmul_rn(v[2], inv)), b3 = rounded_bits(__fmul_rn(v[3], inv));
+  return __byte_perm(__byte_perm(b0, b1, 0x0040), __byte_perm(b2, b3, 0x0040), 0x5410);
 }
 
 // The scale groups of sageattention/quant_groups.py as the bits of a row index (r < R) that vary within a group:
@@ -196,8 +204,9 @@ __device__ void quantize_block(Load load, int row0, int n_rows, bool is_q, int g
         widen_extremes<T, true>(hi, lo, raw[i]);
       }
       float h[8], l[8];
-      to_floats<T>(hi, h);
-      to_floats<T>(lo, l);
+#pragma unroll
+      for (int e = 0; e < 8; ++e)  // element-wise: to_floats' bf16 pairs spill here in prepare_kv's 40 registers
+        h[e] = to_float(reinterpret_cast<const T*>(&hi)[e]), l[e] = to_float(reinterpret_cast<const T*>(&lo)[e]);
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
         const float m = mean != nullptr ? mean[chunk * 8 + e] : 0.f, above = h[e] - m, below = m - l[e];
@@ -253,7 +262,7 @@ __device__ void quantize_block(Load load, int row0, int n_rows, bool is_q, int g
   }
   if (t < R) {
     const float s = int8_scale(gmax + gbad);  // gbad: 0, or NaN for a non-finite group
-    row_inv[t] = 1.f / s;
+    row_inv[t] = isnan(s) ? 0.f : 1.f / s;  // a NaN group's finite elements and padding quantize to 0, not NaN's byte
     scale_out[row0 + t] = s;
   }
   __syncthreads();
@@ -413,17 +422,16 @@ __device__ void v_to_fp8(const PrepareParams& p, int b, int hk, int n0, Load loa
 #pragma unroll
     for (int i = 0; i < kRounds; ++i) {
       const int chunk = chunk_of(i);
-      float m[8], inv[8];
+      float m[8], inv[8], x[2][8];
       load8f(inv_scale + chunk * 8, inv);
       if constexpr (decltype(kMean)::value) load8f(mean + chunk * 8, m);
+      to_floats<T>(raw[i][0], x[0]);
+      to_floats<T>(raw[i][1], x[1]);
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
         float y[2];
 #pragma unroll
-        for (int k = 0; k < 2; ++k) {
-          const float x = to_float(reinterpret_cast<const T*>(&raw[i][k])[e]);
-          y[k] = (decltype(kMean)::value ? x - m[e] : x) * inv[e];
-        }
+        for (int k = 0; k < 2; ++k) y[k] = (decltype(kMean)::value ? x[k][e] - m[e] : x[k][e]) * inv[e];
         const int c = chunk * 8 + e;
         *reinterpret_cast<uint16_t*>(&tile[c][tile_byte(c, slot)]) =
             static_cast<uint16_t>(ptx::e4m3x2(y[0], y[1]) & keep);

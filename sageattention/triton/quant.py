@@ -1,7 +1,7 @@
 """Triton quantization kernels: INT8 Q/K (grouped scales, optional smoothing) and FP8 V (per-channel).
 
 Arithmetic mirrors `sageattention.reference` exactly (fp32; each group's reciprocal scale by IEEE
-division, then one multiply per element; round half away from zero) so the quantized tensors match the
+division, then one multiply per element; round half to even) so the quantized tensors match the
 reference bit for bit.
 
 One kernel runs up to two jobs per launch (`launch`): sageattn quantizes Q while reading the K/V statistics,
@@ -54,9 +54,10 @@ def int8_tile(x, G1: tl.constexpr, R1: tl.constexpr, G2: tl.constexpr, R2: tl.co
     # One IEEE division per group, then a multiply per element: same values as the reference, less ALU work.
     inv = tl.reshape(tl.broadcast_to(tl.reshape(tl.math.div_rn(1.0, scale), (G1, 1, G2, 1)), (G1, R1, G2, R2)), (BLOCK,))
     y = x * inv[:, None]
-    # Round half away from zero as trunc(|y| + 0.5) with the sign put back: the abs between the multiply and the
-    # add keeps the compiler from fusing them into one FMA (which would round once, unlike the reference).
-    t = (tl.abs(y) + 0.5).to(tl.int8)
+    # Round half to even: |y| + 1.5 * 2**23 has an ulp of 1, so the add rounds, and the sign is put back after (half
+    # to even is symmetric). The abs between the multiply and the add keeps the compiler from fusing them into one
+    # FMA (which would round once, unlike the reference).
+    t = ((tl.abs(y) + 12582912.0) - 12582912.0).to(tl.int8)
     return tl.where(y < 0, -t, t), tok_scale
 
 

@@ -51,6 +51,14 @@ def make_qkv(*, b=1, hq=2, hk=None, nq=64, nk=None, d=64, dtype=torch.float16, l
     return tuple(out)
 
 
+def rounding_ties(b=1, h=2, n=300, d=64, device=DEVICE, dtype=torch.float16):
+    """[b, h, n, d] half-integers in [-125.5, 126.5] with 127 in every row's first channel: every quantization group's
+    scale is 1, so each other element lands exactly halfway between two INT8 values (what tells roundings apart)."""
+    x = torch.arange(b * h * n * d, dtype=torch.float32).remainder(253).sub(125.5).reshape(b, h, n, d)
+    x[..., 0] = 127.0
+    return x.to(device=device, dtype=dtype)
+
+
 # ---------------------------------------------------------------- metrics
 
 def metrics(out: torch.Tensor, ref: torch.Tensor) -> dict:

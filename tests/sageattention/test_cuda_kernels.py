@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from tests.sageattention.helpers import (assert_close, assert_lse_close, compiled_v_max, lse_tol, make_qkv, metrics,
-                                        sdpa_fp32)
+                                        rounding_ties, sdpa_fp32)
 import build_rules
 from sageattention import archs, reference
 from sageattention.core import ACC_F16_INNER, ACC_F32, ACC_TWO_LEVEL, GRAN_CODE
@@ -351,6 +351,20 @@ def test_quantize_matches_reference_bit_for_bit(family, fp8, gran, d, long_heads
         assert_fp8_v_matches_reference(v, v_out, v_s, vm)
     else:
         assert torch.equal(v_out.cpu()[:, :, :nk, :d], (v.cpu().float() - vm).to(v.dtype))
+
+
+@pytest.mark.parametrize("family, fp8", FAMILIES)
+@pytest.mark.parametrize("gran", GRANULARITIES)
+@pytest.mark.parametrize("long_heads", [False, True])
+def test_quantize_rounds_ties_like_the_reference(family, fp8, gran, long_heads):
+    """Elements exactly halfway between two INT8 values (every group's scale 1) round as the reference's (half to
+    even), in Q and in K, on the cluster path (short heads) and on prepare_kv (long ones)."""
+    mod = module(family)
+    x = rounding_ties(n=11000 if long_heads else 300)
+    g = GRAN_CODE[gran]
+    q_i8, q_s, k_i8, k_s, _, _, _, _ = mod.quantize(x, x, x, False, g, g, V_FP8 if fp8 else V_16, False, False, 448.0)
+    assert_int8_matches_reference(x, q_i8, q_s, q_grouping(gran, True), None, f"{gran} Q")
+    assert_int8_matches_reference(x, k_i8, k_s, k_grouping(gran, True), None, f"{gran} K")
 
 
 @pytest.mark.parametrize("family, fp8", FAMILIES)

@@ -6,7 +6,7 @@ from sageattention import reference
 from sageattention.quant_groups import GRANULARITIES, K_BLOCK, k_grouping, q_grouping
 from sageattention.triton import quant
 from sageattention.inputs import to_hnd
-from tests.sageattention.helpers import make_qkv
+from tests.sageattention.helpers import make_qkv, rounding_ties
 
 SHAPES = [  # (heads, tokens, head_dim): tokens not a multiple of any block, odd head_dims
     (2, 100, 64),
@@ -41,6 +41,14 @@ def test_int8_k_smoothed_exact(gran, layout, h, n, d):
     k = to_hnd(make_qkv(b=2, hq=h, nq=n, d=d, layout=layout, seed=n * d, k_bias=5.0)[1], layout)
     mean = reference.token_mean(k).to(k.device)
     _assert_int8_matches(k, k_grouping(gran), mean, ref_mean=mean)
+
+
+@pytest.mark.parametrize("gran", GRANULARITIES)
+def test_int8_rounding_ties_exact(gran):
+    """Elements exactly halfway between two INT8 values round like the reference (half to even)."""
+    x = rounding_ties()
+    _assert_int8_matches(x, q_grouping(gran))
+    _assert_int8_matches(x, k_grouping(gran))
 
 
 def test_int8_k_segment_mean_exact():

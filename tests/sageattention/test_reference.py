@@ -6,7 +6,7 @@ import torch
 
 from sageattention import reference
 from sageattention.quant_groups import GRANULARITIES, K_BLOCK, Q_BLOCK, k_grouping, q_grouping
-from tests.sageattention.helpers import TOL, assert_close, assert_lse_close, make_qkv, metrics
+from tests.sageattention.helpers import TOL, assert_close, assert_lse_close, make_qkv, metrics, rounding_ties
 
 CPU = torch.device("cpu")
 
@@ -131,6 +131,18 @@ def test_quantize_int8_roundtrip(gran):
     assert q8.dtype == torch.int8 and q8.abs().max() <= 127
     assert ((q8.float() * tok - x.float()).abs() <= tok / 2 + 1e-6).all()
     assert (q8.abs().amax(dim=-1) > 0).sum() == x.shape[1] * 100 - 1  # every nonzero row uses its range
+
+
+@pytest.mark.parametrize("gran", GRANULARITIES)
+def test_quantize_int8_rounds_half_to_even(gran):
+    """The kernels' rounding (one add of 1.5 * 2**23) is half to even: 2.5 -> 2, 3.5 -> 4, -0.5 -> 0."""
+    x = rounding_ties(device=CPU)
+    q8, scale = reference.quantize_int8(x, q_grouping(gran))
+    assert (scale == 1).all()
+    y = x.float()
+    want = torch.where((y.floor() % 2 == 0), y.floor(), y.ceil())  # the even neighbour of each half-integer
+    want[..., 0] = 127
+    assert torch.equal(q8, want.to(torch.int8))
 
 
 def test_quantize_v_fp8_per_channel():
