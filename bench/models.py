@@ -10,7 +10,8 @@ Shapes and methods: bench/workloads.py. One process times every method on the sa
   5 loops; shows host overhead.
 - --first-call: for each model and method a fresh process (bench.first_call) times its first call up to
   synchronize, and `import torch` / `import sageattention` apart.
-- --spread N: N separate processes time every method again; (max/min − 1) of their medians, in %.
+- --spread N: N separate processes time every method again; (max/min − 1) of their medians, in % (each process's
+  median in the JSON: spread_ms).
 Before timing, fresh processes run every sageattention method once in parallel so that Triton's on-disk cache holds
 the kernels (--no-warm: skip); first calls are therefore cached ones unless --fresh-cache.
 Writes <out>/<device>_models.{json,md,png}. Accuracy is bench.gpu_check's job.
@@ -135,13 +136,13 @@ def spread_pct(values: list, procs: int) -> float | None:
     return round((max(values) / min(values) - 1) * 100, 1)
 
 
-def spreads(models, names, procs: int) -> dict:
-    """model key -> method -> spread_pct of the medians of `procs` separate processes."""
+def process_medians(models, names, procs: int) -> dict:
+    """model key -> method -> the median ms in each of `procs` separate processes, in order (None where one failed):
+    kept beside the spread, so that an outlier process shows."""
     cmd = [sys.executable, "-m", "bench.models", "--medians", "--models", ",".join(m.key for m in models),
            "--methods", ",".join(names)]
-    rows = [r for _ in range(procs) for r in child_json(cmd) or []]
-    return {m.key: {n: spread_pct([r["median_ms"][n] for r in rows if r["model"] == m.key], procs) for n in names}
-            for m in models}
+    runs = [{r["model"]: r["median_ms"] for r in child_json(cmd) or []} for _ in range(procs)]
+    return {m.key: {n: [run.get(m.key, {}).get(n) for run in runs] for n in names} for m in models}
 
 
 def markdown(rows, meta: dict, names) -> str:
@@ -260,8 +261,9 @@ def main(argv=None) -> int:
         print(json.dumps(rows[-1]), flush=True)
         report(rows, meta, args.methods, args.out)  # a run stopped by a time limit keeps what it measured
     if args.spread:
-        for row, spread in zip(rows, spreads(models, args.methods, args.spread).values()):
-            row["spread_pct"] = spread
+        for row, medians in zip(rows, process_medians(models, args.methods, args.spread).values()):
+            row["spread_ms"] = medians
+            row["spread_pct"] = {n: spread_pct(ms, args.spread) for n, ms in medians.items()}
         report(rows, meta, args.methods, args.out)
     print(markdown(rows, meta, args.methods))
     return 0

@@ -206,8 +206,19 @@ def test_main_puts_every_measurement_in_the_report(monkeypatch, tmp_path):
     (row,) = report["rows"]
     assert row["first_call_s"] == {"sageattn": 0.5}
     assert row["imports_s"] == {"sageattn": dict(import_torch_s=1.0, import_sageattention_s=0.25)}
+    assert row["spread_ms"] == {"sageattn": [1.3, 1.4]}  # each process's median, in order
     assert row["spread_pct"] == {"sageattn": round((1.4 / 1.3 - 1) * 100, 1)}
     assert [c[0] for c in children] == ["bench.first_call"] * 2 + ["bench.models"] * 2  # warm-up, first call, spread
+
+
+def test_process_medians_keep_each_process_in_order(monkeypatch):
+    """A process that failed (child_json None) leaves None in its place, so its spread is None, not a smaller one."""
+    results = iter([[dict(model="small", median_ms={"sageattn": 1.0})], None,
+                    [dict(model="small", median_ms={"sageattn": 1.2})]])
+    monkeypatch.setattr(models, "child_json", lambda cmd, env=None: next(results))
+    medians = models.process_medians([MODELS["small"], MODELS["flux"]], ["sageattn"], 3)
+    assert medians == {"small": {"sageattn": [1.0, None, 1.2]}, "flux": {"sageattn": [None, None, None]}}
+    assert models.spread_pct(medians["small"]["sageattn"], 3) is None
 
 
 def test_a_run_stopped_midway_keeps_the_models_it_measured(monkeypatch, tmp_path):
