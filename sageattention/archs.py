@@ -34,10 +34,10 @@ FAMILIES = {
     # "sdpa_below_keys": sageattn hands a call with fewer keys than this to SDPA, by (head_dim padded to 64 or 128,
     # causal): the crossovers that `python -m bench.crossover` measured on an H100 (below them these kernels ran more
     # than 3 % slower than SDPA's own choice end to end: the quantization launches and the per-item work do not pay
-    # off at short sequences; bench/results/NVIDIA_H100_80GB_HBM3_crossover_session25.md, and for causal d128, five
-    # runs of session 30: bench/results/NVIDIA_H100_80GB_HBM3_crossover_session30.md).
+    # off at short sequences; bench/results/NVIDIA_H100_80GB_HBM3_crossover_session35.md, which confirms causal
+    # d128's five runs of session 30: bench/results/NVIDIA_H100_80GB_HBM3_crossover_session30.md).
     "sm90": {"pv": "fp8", "min_arch": "9.0", "min_cuda": "12.4", "only": ("9.0",), "suffix": "a",
-             "sdpa_below_keys": {(64, False): 12288, (64, True): 16384, (128, False): 4096, (128, True): 5120}},
+             "sdpa_below_keys": {(64, False): 8192, (64, True): 16384, (128, False): 4096, (128, True): 5120}},
 }
 
 # Archs where `sageattn` keeps the Triton kernels although a compiled family runs there: datacenter Blackwell's
