@@ -93,21 +93,27 @@ __device__ __forceinline__ void load8f(const float* src, float (&out)[8]) {
   *reinterpret_cast<float4*>(out + 4) = reinterpret_cast<const float4*>(src)[1];
 }
 
-// The N 16-bit values held in raw (a uint2 or uint4), as floats.
+// The N 16-bit values held in raw (a uint2 or uint4), as floats, one conversion each.
+template <typename T, typename Raw, int N>
+__device__ __forceinline__ void to_floats_each(const Raw& raw, float (&out)[N]) {
+  static_assert(sizeof(Raw) == 2 * N, "N 16-bit values");
+  const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+  for (int i = 0; i < N; ++i) out[i] = to_float(e[i]);
+}
+
+// The same, bf16 a 32-bit word at a time: a bf16 is the top half of its fp32, so one shift or mask per element
+// (element by element, the compiler extracts the upper element before shifting it).
 template <typename T, typename Raw, int N>
 __device__ __forceinline__ void to_floats(const Raw& raw, float (&out)[N]) {
-  static_assert(sizeof(Raw) == 2 * N, "N 16-bit values");
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    // a bf16 is the top half of its fp32: one shift or mask per element (element-wise, the compiler extracts the
-    // upper element before shifting it)
+    static_assert(sizeof(Raw) == 2 * N, "N 16-bit values");
     const uint32_t* w = reinterpret_cast<const uint32_t*>(&raw);
 #pragma unroll
     for (int i = 0; i < N / 2; ++i)
       out[2 * i] = __uint_as_float(w[i] << 16), out[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
   } else {
-    const T* e = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-    for (int i = 0; i < N; ++i) out[i] = to_float(e[i]);
+    to_floats_each<T>(raw, out);
   }
 }
 
@@ -203,10 +209,9 @@ __device__ void quantize_block(Load load, int row0, int n_rows, bool is_q, int g
         if (row0 + t / C + i * kRowsPerPass >= n_rows) break;
         widen_extremes<T, true>(hi, lo, raw[i]);
       }
-      float h[8], l[8];
-#pragma unroll
-      for (int e = 0; e < 8; ++e)  // element-wise: to_floats' bf16 pairs spill here in prepare_kv's 40 registers
-        h[e] = to_float(reinterpret_cast<const T*>(&hi)[e]), l[e] = to_float(reinterpret_cast<const T*>(&lo)[e]);
+      float h[8], l[8];  // element by element: to_floats' bf16 words spill here in prepare_kv's 40 registers
+      to_floats_each<T>(hi, h);
+      to_floats_each<T>(lo, l);
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
         const float m = mean != nullptr ? mean[chunk * 8 + e] : 0.f, above = h[e] - m, below = m - l[e];
