@@ -44,7 +44,8 @@ struct Layout {
   static constexpr int kQ16Off = kVOff + kStages * kVStage;
   static constexpr int kBarOff = kQ16Off + kQ16Bytes;
   static constexpr int kRedOff = kBarOff + 256;  // per-block Q maxima: [item parity][8 warps]
-  static constexpr int kSmem = kBarOff + 1024 + 1024;  // barriers, and slack to align the dynamic base to 1024
+  static constexpr int kVStatsOff = kBarOff + 512;  // the item's V scale and mean: [item parity][2][D] fp32
+  static constexpr int kSmem = kVStatsOff + 2 * 2 * D * 4 + 1024;  // and slack to align the dynamic base to 1024
 };
 
 // INT8-quantizes this thread's Q rows `row` and row + 8 of the item (rows of the m16n8k32 A layout: bytes 4t..4t+3
@@ -110,6 +111,27 @@ __device__ __forceinline__ bool wait_kv_ready(const AttentionParams& p, int head
   }
   fence_proxy_async_global();  // the copy engine's reads of them come after
   return all;
+}
+
+// The V statistics of this program's k-th item in shared memory. The producer copies them with the item's Q into one
+// of two slots, by item parity (the call's workspace holds them 256-byte aligned, as the bulk copy needs 16). Item
+// k + 2's copy waits for item k + 1's last Q·K^T, which comes after item k's epilogue read its slot.
+template <int D>
+__device__ __forceinline__ float* item_v_stats(uint8_t* smem, int k) {
+  return reinterpret_cast<float*>(smem + Layout<D>::kVStatsOff) + 2 * D * (k & 1);
+}
+
+// load_v_stats' values from that slot: V's scale [D], then its mean [D] where the call has one.
+template <int D>
+__device__ __forceinline__ VStats<D> v_stats_in_smem(const float* stats, bool has_mean, int t) {
+  const uint32_t at = ptx::smem_addr(stats) + 8 * t;
+  VStats<D> vs;
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) {
+    vs.scale[n] = ptx::lds_float2(at + 32 * n);
+    vs.mean[n] = has_mean ? ptx::lds_float2(at + 4 * D + 32 * n) : float2{0.f, 0.f};
+  }
+  return vs;
 }
 
 // Issues S = Q·K^T of a tile (both operands in shared memory, by their descriptors) into sc and commits it.
@@ -326,10 +348,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       // before the item's Q: the consumers read the head's K scales once Q has arrived
       if (!all_ready && wk.kv_head != ready_head) all_ready = wait_kv_ready(p, wk.kv_head), ready_head = wk.kv_head;
       if (k > 0) mbar_wait(q_empty, (k - 1) & 1);
-      mbar_arrive_expect_tx(q_full, L::kQ16Bytes);
+      mbar_arrive_expect_tx(q_full, L::kQ16Bytes + (p.v_mean != nullptr ? 2 : 1) * D * 4);
 #pragma unroll
       for (int box = 0; box < D / 64; ++box)
         tma_load_4d(smem + L::kQ16Off + box * kRows * 128, &q_map, 64 * box, wk.row0, wk.h, wk.b, q_full);
+      // the head's V statistics with Q, for the item's epilogue (a global load there would wait on L2)
+      float* const v_stats = item_v_stats<D>(smem, k);
+      bulk_load(v_stats, p.v_scale + static_cast<int64_t>(wk.kv_head) * D, D * 4, q_full);
+      if (p.v_mean != nullptr) bulk_load(v_stats + D, p.v_mean + static_cast<int64_t>(wk.kv_head) * D, D * 4, q_full);
       for (int tile = 0; tile < wk.n_tiles; ++tile, pos.advance()) {
         const int s = pos.stage;
         mbar_wait(&empty[s], pos.parity ^ 1);
@@ -357,7 +383,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int k = 0, w = program_item(0, p); w < n_items; w = program_item(++k, p)) {
     const Work wk = work_item(w, p);
     const int row0 = wk.row0;
-    const int64_t q_head = wk.q_head, k_head = wk.kv_head;
+    const int64_t q_head = wk.q_head;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // l: the LSE's sums (tile_exp)
     // the m16n8 layout: channels 8n + 2t + {0, 1} of rows g and g + 8; slice D / 8 holds the rows' sums of P
     float o[D / 8 + 1][4] = {};
@@ -528,8 +554,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       update_o(o_flat, alpha_prev, acc);
     }
     }
-    // after the last P·V (loaded before it, to overlap it, the d128 instantiations spill 20-28 bytes)
-    const VStats<D> vs = load_v_stats<true, D>(p, k_head, t);
+    const VStats<D> vs = v_stats_in_smem<D>(item_v_stats<D>(smem, k), p.v_mean != nullptr, t);
 
     const float sums[2] = {o[D / 8][0], o[D / 8][2]};  // every lane of the quad holds its rows' whole sums
     store_rows<true, D, T>(p, static_cast<T*>(p.out) + wk.b * p.o_sb + wk.h * p.o_sh, vs, q_head, row0 + wrow, t,

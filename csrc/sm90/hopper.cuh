@@ -106,6 +106,14 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, i
       : "memory");
 }
 
+// `bytes` (a multiple of 16) of contiguous global memory at src (16-byte aligned) into shared memory; completes them
+// on the barrier.
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+               ::"r"(ptx::smem_addr(dst)), "l"(src), "r"(bytes), "r"(ptx::smem_addr(bar))
+               : "memory");
+}
+
 // This thread's shared-memory writes, visible to the warpgroup MMAs (the async proxy) that read them next.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 // Global memory this thread has seen written (an acquire), visible as such to the bulk copies it issues next.

