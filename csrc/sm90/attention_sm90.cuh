@@ -322,6 +322,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* const q_full = empty + L::kStages;                            // 16-bit Q of the current item arrived
   uint64_t* const q_empty = q_full + 1;                                   // the consumers are done with it
   const int n_items = work_items(p);
+  // Each item's V statistics (scale, mean) are copied into shared memory with its Q, for the epilogue, where global
+  // loads had their L2 latency exposed once per item (d64 N1k +4 %, session 36). Not in the dual loop's kernel: there
+  // ptxas ordered the loop differently and CogVideoX ran 2 % slower; it loads them as before.
+  constexpr bool kStagedVStats = !kDual;
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < L::kStages; ++s) mbar_init(&full[s], 1), mbar_init(&empty[s], 2 * 128);
@@ -348,14 +352,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       // before the item's Q: the consumers read the head's K scales once Q has arrived
       if (!all_ready && wk.kv_head != ready_head) all_ready = wait_kv_ready(p, wk.kv_head), ready_head = wk.kv_head;
       if (k > 0) mbar_wait(q_empty, (k - 1) & 1);
-      mbar_arrive_expect_tx(q_full, L::kQ16Bytes + (p.v_mean != nullptr ? 2 : 1) * D * 4);
+      mbar_arrive_expect_tx(q_full, L::kQ16Bytes + (kStagedVStats ? (p.v_mean != nullptr ? 2 : 1) * D * 4 : 0));
 #pragma unroll
       for (int box = 0; box < D / 64; ++box)
         tma_load_4d(smem + L::kQ16Off + box * kRows * 128, &q_map, 64 * box, wk.row0, wk.h, wk.b, q_full);
-      // the head's V statistics with Q, for the item's epilogue (a global load there would wait on L2)
-      float* const v_stats = item_v_stats<D>(smem, k);
-      bulk_load(v_stats, p.v_scale + static_cast<int64_t>(wk.kv_head) * D, D * 4, q_full);
-      if (p.v_mean != nullptr) bulk_load(v_stats + D, p.v_mean + static_cast<int64_t>(wk.kv_head) * D, D * 4, q_full);
+      if constexpr (kStagedVStats) {  // the head's V statistics with Q, for the item's epilogue
+        float* const v_stats = item_v_stats<D>(smem, k);
+        bulk_load(v_stats, p.v_scale + static_cast<int64_t>(wk.kv_head) * D, D * 4, q_full);
+        if (p.v_mean != nullptr)
+          bulk_load(v_stats + D, p.v_mean + static_cast<int64_t>(wk.kv_head) * D, D * 4, q_full);
+      }
       for (int tile = 0; tile < wk.n_tiles; ++tile, pos.advance()) {
         const int s = pos.stage;
         mbar_wait(&empty[s], pos.parity ^ 1);
@@ -383,7 +389,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int k = 0, w = program_item(0, p); w < n_items; w = program_item(++k, p)) {
     const Work wk = work_item(w, p);
     const int row0 = wk.row0;
-    const int64_t q_head = wk.q_head;
+    const int64_t q_head = wk.q_head, k_head = wk.kv_head;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // l: the LSE's sums (tile_exp)
     // the m16n8 layout: channels 8n + 2t + {0, 1} of rows g and g + 8; slice D / 8 holds the rows' sums of P
     float o[D / 8 + 1][4] = {};
@@ -554,7 +560,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       update_o(o_flat, alpha_prev, acc);
     }
     }
-    const VStats<D> vs = v_stats_in_smem<D>(item_v_stats<D>(smem, k), p.v_mean != nullptr, t);
+    VStats<D> vs;
+    if constexpr (kStagedVStats) {
+      vs = v_stats_in_smem<D>(item_v_stats<D>(smem, k), p.v_mean != nullptr, t);
+    } else {
+      vs = load_v_stats<true, D>(p, k_head, t);  // after the last P·V (loaded before it, the d128 kernels spilled)
+    }
 
     const float sums[2] = {o[D / 8][0], o[D / 8][2]};  // every lane of the quad holds its rows' whole sums
     store_rows<true, D, T>(p, static_cast<T*>(p.out) + wk.b * p.o_sb + wk.h * p.o_sh, vs, q_head, row0 + wrow, t,
