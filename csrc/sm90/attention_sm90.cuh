@@ -121,7 +121,14 @@ __device__ __forceinline__ float* item_v_stats(uint8_t* smem, int k) {
   return reinterpret_cast<float*>(smem + Layout<D>::kVStatsOff) + 2 * D * (k & 1);
 }
 
-// load_v_stats' values from that slot: V's scale [D], then its mean [D] where the call has one.
+// Bytes of the head's V statistics the producer copies: V's scale [D], then its mean [D] where the call has one.
+template <int D>
+__device__ __forceinline__ uint32_t v_stats_bytes(const AttentionParams& p) {
+  return (p.v_mean != nullptr ? 2 : 1) * D * 4;
+}
+
+// load_v_stats' values from that slot. (Its loop written once for both, over loader functions, changed the SASS of
+// every kernel, the d64 dual loop's and the other families' included: ptxas ordered their tile loops differently.)
 template <int D>
 __device__ __forceinline__ VStats<D> v_stats_in_smem(const float* stats, bool has_mean, int t) {
   const uint32_t at = ptx::smem_addr(stats) + 8 * t;
@@ -352,7 +359,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // before the item's Q: the consumers read the head's K scales once Q has arrived
       if (!all_ready && wk.kv_head != ready_head) all_ready = wait_kv_ready(p, wk.kv_head), ready_head = wk.kv_head;
       if (k > 0) mbar_wait(q_empty, (k - 1) & 1);
-      mbar_arrive_expect_tx(q_full, L::kQ16Bytes + (kStagedVStats ? (p.v_mean != nullptr ? 2 : 1) * D * 4 : 0));
+      mbar_arrive_expect_tx(q_full, L::kQ16Bytes + (kStagedVStats ? v_stats_bytes<D>(p) : 0));
 #pragma unroll
       for (int box = 0; box < D / 64; ++box)
         tma_load_4d(smem + L::kQ16Off + box * kRows * 128, &q_map, 64 * box, wk.row0, wk.h, wk.b, q_full);
@@ -564,7 +571,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (kStagedVStats) {
       vs = v_stats_in_smem<D>(item_v_stats<D>(smem, k), p.v_mean != nullptr, t);
     } else {
-      vs = load_v_stats<true, D>(p, k_head, t);  // after the last P·V (loaded before it, the d128 kernels spilled)
+      vs = load_v_stats<true, D>(p, k_head, t);  // the d64 dual loop's kernel: global loads after the last P·V
     }
 
     const float sums[2] = {o[D / 8][0], o[D / 8][2]};  // every lane of the quad holds its rows' whole sums
