@@ -7,7 +7,6 @@ own wgmma kernel); sm_89 and sm_120 run it as QMMA. The sm90 family is compiled 
 """
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -15,6 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from bench import sass_loops
 
 ROOT = Path(__file__).resolve().parents[2]
 CSRC = ROOT / "csrc"
@@ -50,21 +51,9 @@ EXPECTED = {
 CASES = [(family, source, arch) for (family, source), archs in sorted(EXPECTED.items()) for arch in archs]
 
 
-def cuobjdump() -> str | None:
-    """The CUDA toolkit's cuobjdump, else the copy shipped inside the triton package."""
-    if shutil.which("cuobjdump"):
-        return shutil.which("cuobjdump")
-    try:
-        import triton
-    except ImportError:
-        return None
-    bundled = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    return str(bundled) if os.access(bundled, os.X_OK) else None
-
-
 @pytest.fixture(scope="session")
 def sass(tmp_path_factory):
-    nvcc, tool = shutil.which("nvcc"), cuobjdump()
+    nvcc, tool = shutil.which("nvcc"), sass_loops.cuobjdump()
     if nvcc is None or tool is None:
         pytest.skip(f"needs nvcc and cuobjdump (found nvcc={nvcc}, cuobjdump={tool})")
     out_dir = tmp_path_factory.mktemp("csrc_cubins")
@@ -163,12 +152,8 @@ def test_sm90_tile_loop_reaches_its_mma_quickly(sass, source):
     a division by the stage count and 64-bit descriptor arithmetic per tile: 55-86 instructions before session 28,
     which measured 2.5-4.5 % faster at d128 with 47-48; ptxas hoists a few uniform descriptor moves into it in the d128
     LSE kernel since session 36: 54)."""
-    for kernel in sass("sm90", source, "90a").split("Function :")[1:]:
-        code = [(int(a, 16), op) for a, op in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", kernel)]
-        index = {a: i for i, (a, _) in enumerate(code)}
-        loops = [(index[int(target, 16)], i) for i, (a, op) in enumerate(code)
-                 for target in re.findall(r"\bBRA (?:`?\(?)?0x([0-9a-f]+)", op)
-                 if int(target, 16) < a and any("IGMMA" in o for _, o in code[index[int(target, 16)]:i])]
-        top, end = min(loops, key=lambda loop: loop[1] - loop[0])  # the innermost loop holding the MMAs: the tile loop
+    for name, code in sass_loops.kernels(sass("sm90", source, "90a")).items():
+        # the innermost loop holding the MMAs: the tile loop
+        top, end = min(sass_loops.loops(code), key=lambda loop: loop[1] - loop[0])
         first_mma = next(i for i in range(top, end) if "IGMMA" in code[i][1])
-        assert first_mma - top <= 54, f"{kernel.split()[0]}: {first_mma - top} instructions before the first IGMMA"
+        assert first_mma - top <= 54, f"{name}: {first_mma - top} instructions before the first IGMMA"
