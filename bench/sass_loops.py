@@ -117,12 +117,12 @@ def compare(base_sass: str, new_sass: str, key=lambda name: name) -> list[dict]:
             rows.append(dict(kernel=name, status="identical", loops=[]))
             continue
         la, lb = loops(a), loops(b)
-        pairs = [(len(b[s:e + 1]) - len(a[r:t + 1]), *compare_loop(a[r:t + 1], b[s:e + 1]), t - r + 1)
-                 for (r, t), (s, e) in zip(la, lb)]
+        compared = []
+        for (r, t), (s, e) in zip(la, lb):
+            kind, common = compare_loop(a[r:t + 1], b[s:e + 1])
+            compared.append(dict(size=t - r + 1, growth=(e - s) - (t - r), kind=kind, common=common))
         status = "loops differ in number" if len(la) != len(lb) else "differs"
-        rows.append(dict(kernel=name, status=status,
-                         loops=[dict(size=size, growth=growth, kind=kind, common=common)
-                                for growth, kind, common, size in pairs]))
+        rows.append(dict(kernel=name, status=status, loops=compared))
     return rows
 
 
