@@ -19,20 +19,17 @@ from pathlib import Path
 
 import torch
 
-from bench.run import RESULTS, run_meta, write_results
+from bench.run import RESULTS, compiled_call, run_meta, write_results
 
 ITEMS_PER_PROGRAM = (1, 2, 4)
 TILES = (1, 2, 4, 8, 16, 32)
 QUERY_BLOCKS = 4
 
 
-def attention_us(mod, d: int, heads: int, tiles: int) -> float:
+def attention_us(d: int, heads: int, tiles: int) -> float:
     q = torch.randn(1, heads, 128 * QUERY_BLOCKS, d, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(1, heads, 128 * tiles, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-
-    def call():
-        return mod.attention(q, k, v, False, False, 0, d ** -0.5, 2, 2, 1, True, False, False)
-
+    call = compiled_call("sm90", q, k, v, False)
     for _ in range(5):
         call()
     torch.cuda.synchronize()
@@ -95,11 +92,9 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("bench.item_costs needs a CUDA GPU", file=sys.stderr)
         return 2
-    import sageattention._C_sm90 as mod
-
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     meta = run_meta("bench.item_costs", argv)
-    rows = [dict(d=d, items_per_program=k, tiles=n, us=attention_us(mod, d, sms * k // QUERY_BLOCKS, n))
+    rows = [dict(d=d, items_per_program=k, tiles=n, us=attention_us(d, sms * k // QUERY_BLOCKS, n))
             for d in (128, 64) for k in ITEMS_PER_PROGRAM for n in TILES]
     derived = derive(rows)
     stem = args.out / f"{meta['device'].replace(' ', '_')}_item_costs"

@@ -48,6 +48,12 @@ def cuobjdump() -> str | None:
     return str(bundled) if os.access(bundled, os.X_OK) else None
 
 
+def target_of(sm: str) -> build_rules.Target:
+    """An arch as nvcc's sm_ names spell it: "90a" -> Target("9.0", "a")."""
+    major, minor, suffix = re.fullmatch(r"(\d+)(\d)([af]?)", sm).groups()
+    return build_rules.Target(f"{major}.{minor}", suffix)
+
+
 def native_target(family: str) -> build_rules.Target:
     """The arch a family's SASS is compared on: its only arch (sm_90a), else its oldest."""
     info = build_rules.archs.FAMILIES[family]
@@ -126,11 +132,13 @@ def compare(base_sass: str, new_sass: str, key=lambda name: name) -> list[dict]:
     return rows
 
 
-def compile_sass(root: Path, family: str, source: str, out: Path, nvcc: str, tool: str) -> str:
-    cubin = out / f"{family}_{Path(source).stem}.cubin"
+def compile_sass(root: Path, family: str, source: str, target: build_rules.Target, out: Path, nvcc: str,
+                 tool: str) -> str:
+    """The SASS of csrc/<family>/<source> under root, compiled for one arch with the build's flags and macros."""
+    cubin = out / f"{family}_{Path(source).stem}_{target.sm}.cubin"
     macro = "-D{}={}".format(*build_rules.FP8_F16_ACCUM_MACRO)
-    subprocess.run([nvcc, "-std=c++17", *build_rules.NVCC_FLAGS, macro, f"-I{root / 'csrc'}",
-                    *native_target(family).gencode(), "-cubin", "-o", str(cubin), str(root / "csrc" / family / source)],
+    subprocess.run([nvcc, "-std=c++17", *build_rules.NVCC_FLAGS, macro, f"-I{root / 'csrc'}", *target.gencode(),
+                    "-cubin", "-o", str(cubin), str(root / "csrc" / family / source)],
                    check=True, capture_output=True, text=True)
     return subprocess.run([tool, "-sass", str(cubin)], check=True, capture_output=True, text=True).stdout
 
@@ -169,8 +177,8 @@ def main(argv=None) -> int:
     console = Console(width=None if sys.stdout.isatty() else 200)
     with tempfile.TemporaryDirectory() as tmp:
         base_root = checkout(args.against, Path(tmp) / "base")
-        jobs = [(root, family, source, Path(tmp) / side) for family in families for source in SOURCES
-                for side, root in (("base_cubins", base_root), ("new_cubins", ROOT))]
+        jobs = [(root, family, source, native_target(family), Path(tmp) / side) for family in families
+                for source in SOURCES for side, root in (("base_cubins", base_root), ("new_cubins", ROOT))]
         for *_, out in jobs:
             out.mkdir(exist_ok=True)
         with ThreadPoolExecutor(os.cpu_count()) as pool:
@@ -179,7 +187,7 @@ def main(argv=None) -> int:
     for column in ("source", "kernel", "SASS", "MMA loops (instructions: kind, opcodes in common)"):
         table.add_column(column)
     for i in range(0, len(jobs), 2):
-        _, family, source, _ = jobs[i]
+        _, family, source, _, _ = jobs[i]
         names = readable(sass[i]) | readable(sass[i + 1])
         for row in compare(sass[i], sass[i + 1], key=names.get):
             shown = "; ".join(f"{l['size']}{l['growth']:+d}: {l['kind']}"

@@ -99,7 +99,8 @@ def test_sources_compiled_and_compared(tmp_path):
         root = tmp_path / name
         (root / "csrc" / "sm80").mkdir(parents=True)
         (root / "csrc" / "sm80" / "kernel.cu").write_text(MMA_LOOP.replace("STEP", step))
-        sass[name] = sass_loops.compile_sass(root, "sm80", "kernel.cu", root, nvcc, tool)
+        sass[name] = sass_loops.compile_sass(root, "sm80", "kernel.cu", sass_loops.native_target("sm80"), root, nvcc,
+                                             tool)
     assert [r["status"] for r in sass_loops.compare(sass["base"], sass["same"])] == ["identical"]
     (row,) = sass_loops.compare(sass["base"], sass["changed"])
     assert row["status"] == "differs" and row["loops"] and row["loops"][0]["kind"] != "same"

@@ -19,7 +19,6 @@ from bench import sass_loops
 
 ROOT = Path(__file__).resolve().parents[2]
 CSRC = ROOT / "csrc"
-FLAGS = ["-std=c++17", "-O3", "-DSAGE_FP8_F16_ACCUM=1", f"-I{CSRC}"]
 IMMA = "IMMA.16832.S8.S8"
 QMMA_F32, QMMA_F16 = "QMMA.16832.F32.E4M3.E4M3", "QMMA.16832.F16.E4M3.E4M3"
 IGMMA = "IGMMA.64x128x32.S8.S8"
@@ -61,11 +60,8 @@ def sass(tmp_path_factory):
 
     def disassemble(family: str, source: str, arch: str) -> str:
         if (family, source, arch) not in cache:
-            cubin = out_dir / f"{family}_{Path(source).stem}_{arch}.cubin"
-            subprocess.run([nvcc, *FLAGS, f"-gencode=arch=compute_{arch},code=sm_{arch}", "-cubin", "-o", str(cubin),
-                            str(CSRC / family / source)], check=True, capture_output=True, text=True)
-            cache[family, source, arch] = subprocess.run([tool, "-sass", str(cubin)], check=True,
-                                                         capture_output=True, text=True).stdout
+            cache[family, source, arch] = sass_loops.compile_sass(ROOT, family, source, sass_loops.target_of(arch),
+                                                                  out_dir, nvcc, tool)
         return cache[family, source, arch]
 
     return disassemble
