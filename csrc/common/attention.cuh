@@ -63,15 +63,32 @@ __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
+// pack2, with values past T's largest finite one saturated to it (NaN stays NaN): one conversion instruction.
+template <typename T>
+__device__ __forceinline__ uint32_t pack2_satfinite(float lo, float hi);
+template <>
+__device__ __forceinline__ uint32_t pack2_satfinite<half>(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+template <>
+__device__ __forceinline__ uint32_t pack2_satfinite<__nv_bfloat16>(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.satfinite.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
 // x clamped to [-bound, bound]; NaN stays NaN
 __device__ __forceinline__ float clamp_keep_nan(float x, float bound) {
   return fabsf(x) > bound ? copysignf(bound, x) : x;
 }
 
+// Channels c, c + 1 packed (pack2), or c alone (the low half) where !both.
 template <typename T>
-__device__ __forceinline__ void store2(T* dst, float a, float b, bool both) {
-  if (both) *reinterpret_cast<uint32_t*>(dst) = pack2<T>(a, b);
-  else *dst = static_cast<T>(a);
+__device__ __forceinline__ void store2(T* dst, uint32_t packed, bool both) {
+  if (both) *reinterpret_cast<uint32_t*>(dst) = packed;
+  else *reinterpret_cast<uint16_t*>(dst) = static_cast<uint16_t>(packed);
 }
 
 // o += the fp16 accumulators of a tile (two f16x2 registers per m16n8 slice: rows g and g + 8).
@@ -342,7 +359,11 @@ __device__ __forceinline__ VStats<D> load_v_stats(const AttentionParams& p, int6
   return vs;
 }
 
-template <bool kFp8, int D, typename T>
+// sums: the rows' sums of P as the tensor cores added them (the sm90 kernel), of P as rounded to e4m3, as o is. Then
+// o / sum is a weighted mean of quantized V, within +-v_max but for fp32 rounding, and with kSaturate, only the
+// conversion to T saturates (so that |V| near 65504 cannot round to inf in fp16: 3 instructions per value fewer);
+// otherwise, and always with l's sums of unrounded P, the mean is clamped to +-v_max.
+template <bool kFp8, int D, typename T, bool kSaturate = false>
 __device__ __forceinline__ void store_rows(const AttentionParams& p, T* out, const VStats<D>& vs, int64_t q_head,
                                            int row, int t, const float (&o)[D / 8][4], const float (&m)[2],
                                            const float (&l)[2], const float* sums = nullptr) {
@@ -356,27 +377,24 @@ __device__ __forceinline__ void store_rows(const AttentionParams& p, T* out, con
     const float sum = sums != nullptr ? sums[i] : lse_sum;
     const int r = row + 8 * i;
     const float inv = sum > 0.f ? 1.f / sum : 0.f;  // rows without keys: 0 (and LSE -inf)
-    auto channels = [&](int n) {  // this lane's two channels of slice n, 8n + 2t and 8n + 2t + 1
+    auto channels = [&](int n) {  // this lane's two channels of slice n, 8n + 2t and 8n + 2t + 1, packed
       float y0 = o[n][2 * i] * inv, y1 = o[n][2 * i + 1] * inv;
       if constexpr (kFp8) {
         // Exact attention is a weighted mean of V, so |out| <= v_max quantized units per channel; e4m3's rounding
         // of P (up to 1/16) can carry the quantized mean past that, to inf in fp16 for |V| near 65504. Clamping to
         // the bound only moves it toward the exact value.
-        y0 = clamp_keep_nan(y0, p.v_max) * vs.scale[n].x;
-        y1 = clamp_keep_nan(y1, p.v_max) * vs.scale[n].y;
+        if (!kSaturate) y0 = clamp_keep_nan(y0, p.v_max), y1 = clamp_keep_nan(y1, p.v_max);
+        y0 *= vs.scale[n].x, y1 *= vs.scale[n].y;
       }
       if (sum > 0.f) y0 += vs.mean[n].x, y1 += vs.mean[n].y;
-      return float2{y0, y1};
+      return kSaturate ? pack2_satfinite<T>(y0, y1) : pack2<T>(y0, y1);
     };
     if (whole_rows) {
 #pragma unroll
       for (int k = 0; k < D / 32; ++k) {  // slices 4k..4k+3; lane t stores slice 4k + t
         uint32_t v[4];
 #pragma unroll
-        for (int n = 0; n < 4; ++n) {
-          const float2 y = channels(4 * k + n);
-          v[n] = pack2<T>(y.x, y.y);
-        }
+        for (int n = 0; n < 4; ++n) v[n] = channels(4 * k + n);
         quad_transpose(v, t);
         if (r < p.nq) ptx::store16(out + r * p.o_sn + 8 * (4 * k + t), v);
       }
@@ -384,8 +402,7 @@ __device__ __forceinline__ void store_rows(const AttentionParams& p, T* out, con
 #pragma unroll
       for (int n = 0; n < D / 8; ++n) {
         const int c = n * 8 + 2 * t;
-        const float2 y = channels(n);
-        if (c < p.d) store2<T>(out + r * p.o_sn + c, y.x, y.y, c + 1 < p.d);
+        if (c < p.d) store2<T>(out + r * p.o_sn + c, channels(n), c + 1 < p.d);
       }
     }
     if (p.lse != nullptr && t == 0 && r < p.nq) {

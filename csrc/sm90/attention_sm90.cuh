@@ -33,6 +33,12 @@ template <int D>
 struct Layout {
   static constexpr int kStages = 3;  // tiles in flight: the one computed on, the one whose P·V runs, the next
   static constexpr int kQ16Bytes = kRows * D * 2;  // 16-bit Q as copied, in boxes of 64 columns (128-byte rows)
+  // d128 loads each item's 16-bit Q during the item before (two buffers, taken by items in turn), and its epilogue
+  // saturates the conversion to 16 bits instead of clamping (store_rows): +1.3-1.8 % at d128 (session 38). The d64
+  // kernels keep one buffer and the clamp: with the change, ptxas ordered their tile loops differently, 3.6 % slower
+  // at d64 N1k and 1 % on CogVideoX.
+  static constexpr bool kAhead = D == 128;
+  static constexpr int kQ16Buffers = kAhead ? 2 : 1;
   static constexpr int kQBytes = kRows * D;
   static constexpr int kKBytes = kKeys * D;
   static constexpr int kVBytes = D * kKeys;                  // V^T as copied
@@ -42,10 +48,11 @@ struct Layout {
   static constexpr int kKOff = kQOff + kQBytes;
   static constexpr int kVOff = kKOff + kStages * kKBytes;
   static constexpr int kQ16Off = kVOff + kStages * kVStage;
-  static constexpr int kBarOff = kQ16Off + kQ16Bytes;
+  static constexpr int kBarOff = kQ16Off + kQ16Buffers * kQ16Bytes;
   static constexpr int kRedOff = kBarOff + 256;  // per-block Q maxima: [item parity][8 warps]
-  static constexpr int kVStatsOff = kBarOff + 512;  // the item's V scale and mean: [item parity][2][D] fp32
-  static constexpr int kSmem = kVStatsOff + 2 * 2 * D * 4 + 1024;  // and slack to align the dynamic base to 1024
+  static constexpr int kVStatsOff = kBarOff + 512;  // the item's V scale and mean: [slot][2][D] fp32
+  static constexpr int kVStatsSlots = 2 * kQ16Buffers;  // item_v_stats
+  static constexpr int kSmem = kVStatsOff + kVStatsSlots * 2 * D * 4 + 1024;  // and slack to align the base to 1024
 };
 
 // INT8-quantizes this thread's Q rows `row` and row + 8 of the item (rows of the m16n8k32 A layout: bytes 4t..4t+3
@@ -113,12 +120,14 @@ __device__ __forceinline__ bool wait_kv_ready(const AttentionParams& p, int head
   return all;
 }
 
-// The V statistics of this program's k-th item in shared memory. The producer copies them with the item's Q into one
-// of two slots, by item parity (the call's workspace holds them 256-byte aligned, as the bulk copy needs 16). Item
-// k + 2's copy waits for item k + 1's last Q·K^T, which comes after item k's epilogue read its slot.
+// The V statistics of this program's k-th item in shared memory. The producer copies them with the item's Q, into
+// one of two slots per Q buffer (the call's workspace holds them 256-byte aligned, as the bulk copy needs 16). With
+// b buffers, item k + 2b's copy waits for item k + b's last Q·K^T (its Q buffer's release), which comes after item
+// k's epilogue read its slot; item k + b's waits for item k's last Q·K^T, which comes before. (Three slots for two
+// buffers, k % 3, reordered the d128 tile loop.)
 template <int D>
 __device__ __forceinline__ float* item_v_stats(uint8_t* smem, int k) {
-  return reinterpret_cast<float*>(smem + Layout<D>::kVStatsOff) + 2 * D * (k & 1);
+  return reinterpret_cast<float*>(smem + Layout<D>::kVStatsOff) + 2 * D * (k % Layout<D>::kVStatsSlots);
 }
 
 // Bytes of the head's V statistics the producer copies: V's scale [D], then its mean [D] where the call has one.
@@ -326,8 +335,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint8_t* const smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   uint64_t* const full = reinterpret_cast<uint64_t*>(smem + L::kBarOff);  // stage s holds tile data
   uint64_t* const empty = full + L::kStages;                              // stage s may be overwritten
-  uint64_t* const q_full = empty + L::kStages;                            // 16-bit Q of the current item arrived
-  uint64_t* const q_empty = q_full + 1;                                   // the consumers are done with it
+  constexpr int kQ16Buffers = L::kQ16Buffers;
+  uint64_t* const q_full = empty + L::kStages;     // [buffer]: its item's 16-bit Q (and V statistics) arrived
+  uint64_t* const q_empty = q_full + kQ16Buffers;  // [buffer]: the consumers are done with its Q
   const int n_items = work_items(p);
   // Each item's V statistics (scale, mean) are copied into shared memory with its Q, for the epilogue, where global
   // loads had their L2 latency exposed once per item (d64 N1k +4 %, session 36). Not in the dual loop's kernel: there
@@ -336,7 +346,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < L::kStages; ++s) mbar_init(&full[s], 1), mbar_init(&empty[s], 2 * 128);
-    mbar_init(q_full, 1), mbar_init(q_empty, 2 * 128);
+    for (int b = 0; b < kQ16Buffers; ++b) mbar_init(&q_full[b], 1), mbar_init(&q_empty[b], 2 * 128);
     mbar_init_fence();
   }
   // the rows of ones after each V^T stage (the copy engine never writes them), seen by the tensor cores' proxy
@@ -358,16 +368,18 @@ __global__ void __launch_bounds__(kThreads, 1)
       const Work wk = work_item(w, p);
       // before the item's Q: the consumers read the head's K scales once Q has arrived
       if (!all_ready && wk.kv_head != ready_head) all_ready = wait_kv_ready(p, wk.kv_head), ready_head = wk.kv_head;
-      if (k > 0) mbar_wait(q_empty, (k - 1) & 1);
-      mbar_arrive_expect_tx(q_full, L::kQ16Bytes + (kStagedVStats ? v_stats_bytes<D>(p) : 0));
+      const int b = k % kQ16Buffers;  // once the buffer's previous item is done with it
+      if (k >= kQ16Buffers) mbar_wait(&q_empty[b], (k / kQ16Buffers - 1) & 1);
+      mbar_arrive_expect_tx(&q_full[b], L::kQ16Bytes + (kStagedVStats ? v_stats_bytes<D>(p) : 0));
 #pragma unroll
       for (int box = 0; box < D / 64; ++box)
-        tma_load_4d(smem + L::kQ16Off + box * kRows * 128, &q_map, 64 * box, wk.row0, wk.h, wk.b, q_full);
+        tma_load_4d(smem + L::kQ16Off + b * L::kQ16Bytes + box * kRows * 128, &q_map, 64 * box, wk.row0, wk.h, wk.b,
+                    &q_full[b]);
       if constexpr (kStagedVStats) {  // the head's V statistics with Q, for the item's epilogue
         float* const v_stats = item_v_stats<D>(smem, k);
-        bulk_load(v_stats, p.v_scale + static_cast<int64_t>(wk.kv_head) * D, D * 4, q_full);
+        bulk_load(v_stats, p.v_scale + static_cast<int64_t>(wk.kv_head) * D, D * 4, &q_full[b]);
         if (p.v_mean != nullptr)
-          bulk_load(v_stats + D, p.v_mean + static_cast<int64_t>(wk.kv_head) * D, D * 4, q_full);
+          bulk_load(v_stats + D, p.v_mean + static_cast<int64_t>(wk.kv_head) * D, D * 4, &q_full[b]);
       }
       for (int tile = 0; tile < wk.n_tiles; ++tile, pos.advance()) {
         const int s = pos.stage;
@@ -415,14 +427,17 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     };
     float ks_next[2];
-    mbar_wait(q_full, k & 1);
+    mbar_wait(&q_full[k % kQ16Buffers], (k / kQ16Buffers) & 1);
     load_ks(0, ks_next);  // (after Q: the producer loads Q once the head's K/V are prepared)
     // this warpgroup's INT8 Q rows are free: its last item's MMAs have all completed
-    const float qs = quantize_q<D, T>(smem + L::kQ16Off, smem + L::kQOff, wrow, t, p.q_gran, p.scale_log2 < 0.f,
+    const float qs = quantize_q<D, T>(smem + L::kQ16Off + k % kQ16Buffers * L::kQ16Bytes, smem + L::kQOff, wrow, t,
+                                      p.q_gran, p.scale_log2 < 0.f,
                                       reinterpret_cast<uint32_t*>(smem + L::kRedOff) + 8 * (k & 1)) *
                      fabsf(p.scale_log2);
     named_barrier(wg, 128);  // the warpgroup's rows are all written before its MMAs read them
-    if (wk.n_tiles == 0) mbar_arrive(q_empty);
+    // Arrived on once the item's last Q·K^T is done: the buffer's next item may then load its Q.
+    uint64_t* const q_done = &q_empty[k % kQ16Buffers];
+    if (wk.n_tiles == 0) mbar_arrive(q_done);
 
     if constexpr (kDual) {
       // The dual loop. In the loop below, one P·V buffer makes tile j's exponent run wait for tile j - 1's P·V (the
@@ -448,7 +463,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         } else {
           wgmma_wait<0>();
         }
-        if (tile == wk.n_tiles - 1) mbar_arrive(q_empty);  // the next item's Q may load (as in the loop below)
+        if (tile == wk.n_tiles - 1) mbar_arrive(q_done);  // (as in the loop below)
       };
       // The previous tile's P·V has completed: its stage is free, its accumulators final.
       auto previous_pv_done = [&](int tile) {
@@ -542,11 +557,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       } else {
         wgmma_wait<0>();
       }
-      // Q·K^T of the item's last tile is done: the producer may load the next item's Q. (Releasing the 16-bit Q as
-      // soon as it is read made persistent programs 4-10 % slower at every length, session 17: we think because
-      // the two consumer warpgroups then drift apart across items, which shortens the K/V ring's effective lead.)
-      if (tile == wk.n_tiles - 1) mbar_arrive(q_empty);
-
+      // Q·K^T of the item's last tile is done: the producer may load the buffer's next item's Q. (With one buffer,
+      // releasing it as soon as it was read made persistent programs 4-10 % slower at every length, session 17: we
+      // think because the two consumer warpgroups then drift apart across items.)
+      if (tile == wk.n_tiles - 1) mbar_arrive(q_done);
       const bool needs_mask =
           key0 + kKeys > p.nk || (p.causal && key0 + kKeys - 1 > row0 + wrow - g + p.causal_offset);
       const float sf[2] = {qs * ks[0], qs * ks[1]};
@@ -575,8 +589,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
 
     const float sums[2] = {o[D / 8][0], o[D / 8][2]};  // every lane of the quad holds its rows' whole sums
-    store_rows<true, D, T>(p, static_cast<T*>(p.out) + wk.b * p.o_sb + wk.h * p.o_sh, vs, q_head, row0 + wrow, t,
-                           reinterpret_cast<const float(&)[D / 8][4]>(o), m, l, sums);
+    store_rows<true, D, T, L::kAhead>(p, static_cast<T*>(p.out) + wk.b * p.o_sb + wk.h * p.o_sh, vs, q_head,
+                                      row0 + wrow, t, reinterpret_cast<const float(&)[D / 8][4]>(o), m, l, sums);
   }
 }
 

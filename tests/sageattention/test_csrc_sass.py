@@ -146,10 +146,11 @@ def test_sm90_tile_loop_reaches_its_mma_quickly(sass, source):
     """Every instruction between the tile loop's top and its first Q·K^T lies on the chain from one tile's exponent run
     to the next tile's scores: the ring position steps by one and descriptors are offsets of precomputed ones (not
     a division by the stage count and 64-bit descriptor arithmetic per tile: 55-86 instructions before session 28,
-    which measured 2.5-4.5 % faster at d128 with 47-48; ptxas hoists a few uniform descriptor moves into it in the d128
-    LSE kernel since session 36: 54)."""
+    which measured 2.5-4.5 % faster at d128 with 47-48; since session 38, 42-47). ptxas hoists a few uniform descriptor
+    moves into it in the d128 LSE kernel (kLse, the third template argument): 54 since session 36, 56 since 38."""
     for name, code in sass_loops.kernels(sass("sm90", source, "90a")).items():
         # the innermost loop holding the MMAs: the tile loop
         top, end = min(sass_loops.loops(code), key=lambda loop: loop[1] - loop[0])
         first_mma = next(i for i in range(top, end) if "IGMMA" in code[i][1])
-        assert first_mma - top <= 54, f"{name}: {first_mma - top} instructions before the first IGMMA"
+        limit = 56 if "Lb1ELb0E" in name else 48
+        assert first_mma - top <= limit, f"{name}: {first_mma - top} instructions before the first IGMMA"
