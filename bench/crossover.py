@@ -11,14 +11,12 @@ SDPA's own choice on the same inputs (what the fallback runs), medians of CUDA-e
 """
 from __future__ import annotations
 
-import argparse
 import sys
-from pathlib import Path
 
 import torch
 
 import sageattention
-from bench.run import RESULTS, fa3_shape, median_ms, run_meta, write_results
+from bench.run import fa3_shape, median_ms, out_dir_on_gpu, run_meta, write_results
 from bench.workloads import attention_tops, sdpa_call
 
 TOLERANCE = 0.97  # sageattn / SDPA throughput that still counts as "not slower"
@@ -74,11 +72,8 @@ def markdown(rows, meta: dict) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("bench.crossover needs a CUDA GPU", file=sys.stderr)
+    out = out_dir_on_gpu("bench.crossover", __doc__, argv)
+    if out is None:
         return 2
     sageattention.set_sdpa_fallback(False)
     meta = run_meta("bench.crossover", argv)
@@ -87,7 +82,7 @@ def main(argv=None) -> int:
         rows.append(measure(s))
         print(rows[-1], flush=True)
     text = markdown(rows, meta)
-    write_results(args.out / f"{meta['device'].replace(' ', '_')}_crossover", meta, rows, text)
+    write_results(out / f"{meta['device'].replace(' ', '_')}_crossover", meta, rows, text)
     print(text)
     return 0
 

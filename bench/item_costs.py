@@ -13,13 +13,12 @@ and quantization, the pipeline's start, the epilogue) is what the last round of 
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 import torch
 
-from bench.run import RESULTS, compiled_call, run_meta, write_results
+from bench.run import compiled_call, out_dir_on_gpu, run_meta, write_results
 
 ITEMS_PER_PROGRAM = (1, 2, 4)
 TILES = (1, 2, 4, 8, 16, 32)
@@ -86,18 +85,15 @@ def chart(rows: list[dict], path: Path) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("bench.item_costs needs a CUDA GPU", file=sys.stderr)
+    out = out_dir_on_gpu("bench.item_costs", __doc__, argv)
+    if out is None:
         return 2
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     meta = run_meta("bench.item_costs", argv)
     rows = [dict(d=d, items_per_program=k, tiles=n, us=attention_us(d, sms * k // QUERY_BLOCKS, n))
             for d in (128, 64) for k in ITEMS_PER_PROGRAM for n in TILES]
     derived = derive(rows)
-    stem = args.out / f"{meta['device'].replace(' ', '_')}_item_costs"
+    stem = out / f"{meta['device'].replace(' ', '_')}_item_costs"
     text = markdown(rows, derived, meta)
     write_results(stem, meta, rows, text)
     chart(rows, stem.with_suffix(".png"))

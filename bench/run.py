@@ -103,6 +103,18 @@ def run_meta(module: str, argv) -> dict:
                 command=shlex.join(["python", "-m", module, *(argv if argv is not None else sys.argv[1:])]))
 
 
+def out_dir_on_gpu(module: str, doc: str, argv) -> Path | None:
+    """The --out directory of a benchmark module that takes no other option; None, having said why, without a CUDA
+    GPU (the caller returns 2)."""
+    parser = argparse.ArgumentParser(prog=f"python -m {module}", description=doc.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print(f"{module} needs a CUDA GPU", file=sys.stderr)
+        return None
+    return args.out
+
+
 def write_results(stem: Path, meta: dict, rows: list, md: str) -> None:
     """stem.json (meta and rows) and stem.md."""
     stem.parent.mkdir(parents=True, exist_ok=True)

@@ -427,16 +427,17 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     };
     float ks_next[2];
-    mbar_wait(&q_full[k % kQ16Buffers], (k / kQ16Buffers) & 1);
+    const int buffer = k % kQ16Buffers;  // the item's 16-bit Q buffer and its barriers
+    mbar_wait(&q_full[buffer], (k / kQ16Buffers) & 1);
     load_ks(0, ks_next);  // (after Q: the producer loads Q once the head's K/V are prepared)
     // this warpgroup's INT8 Q rows are free: its last item's MMAs have all completed
-    const float qs = quantize_q<D, T>(smem + L::kQ16Off + k % kQ16Buffers * L::kQ16Bytes, smem + L::kQOff, wrow, t,
+    const float qs = quantize_q<D, T>(smem + L::kQ16Off + buffer * L::kQ16Bytes, smem + L::kQOff, wrow, t,
                                       p.q_gran, p.scale_log2 < 0.f,
                                       reinterpret_cast<uint32_t*>(smem + L::kRedOff) + 8 * (k & 1)) *
                      fabsf(p.scale_log2);
     named_barrier(wg, 128);  // the warpgroup's rows are all written before its MMAs read them
     // Arrived on once the item's last Q·K^T is done: the buffer's next item may then load its Q.
-    uint64_t* const q_done = &q_empty[k % kQ16Buffers];
+    uint64_t* const q_done = &q_empty[buffer];
     if (wk.n_tiles == 0) mbar_arrive(q_done);
 
     if constexpr (kDual) {
