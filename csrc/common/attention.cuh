@@ -363,6 +363,31 @@ __device__ __forceinline__ VStats<D> load_v_stats(const AttentionParams& p, int6
 // o / sum is a weighted mean of quantized V, within +-v_max but for fp32 rounding, and with kSaturate, only the
 // conversion to T saturates (so that |V| near 65504 cannot round to inf in fp16: 3 instructions per value fewer);
 // otherwise, and always with l's sums of unrounded P, the mean is clamped to +-v_max.
+// out_pair: a lane's two channels of one row (accumulators y0, y1; V's scale and mean of those channels), normalized
+// by inv (1 / the row's sum, 0 for a row without keys), packed.
+template <bool kFp8, typename T, bool kSaturate>
+__device__ __forceinline__ uint32_t out_pair(const AttentionParams& p, float y0, float y1, float inv, bool has_keys,
+                                             float2 scale, float2 mean) {
+  y0 *= inv, y1 *= inv;
+  if constexpr (kFp8) {
+    // Exact attention is a weighted mean of V, so |out| <= v_max quantized units per channel; e4m3's rounding
+    // of P (up to 1/16) can carry the quantized mean past that, to inf in fp16 for |V| near 65504. Clamping to
+    // the bound only moves it toward the exact value.
+    if (!kSaturate) y0 = clamp_keep_nan(y0, p.v_max), y1 = clamp_keep_nan(y1, p.v_max);
+    y0 *= scale.x, y1 *= scale.y;
+  }
+  if (has_keys) y0 += mean.x, y1 += mean.y;
+  return kSaturate ? pack2_satfinite<T>(y0, y1) : pack2<T>(y0, y1);
+}
+
+// Row r's LSE from its running max m and its sum of exp2(x - p_shift(m)), lse_sum (its lane t == 0 stores it).
+template <bool kFp8>
+__device__ __forceinline__ void store_lse(const AttentionParams& p, int64_t q_head, int r, int t, float m,
+                                          float lse_sum) {
+  if (p.lse != nullptr && t == 0 && r < p.nq)
+    p.lse[q_head * p.nq + r] = lse_sum > 0.f ? (p_shift<kFp8>(m) + __log2f(lse_sum)) * kLn2 : -INFINITY;
+}
+
 template <bool kFp8, int D, typename T, bool kSaturate = false>
 __device__ __forceinline__ void store_rows(const AttentionParams& p, T* out, const VStats<D>& vs, int64_t q_head,
                                            int row, int t, const float (&o)[D / 8][4], const float (&m)[2],
@@ -378,16 +403,7 @@ __device__ __forceinline__ void store_rows(const AttentionParams& p, T* out, con
     const int r = row + 8 * i;
     const float inv = sum > 0.f ? 1.f / sum : 0.f;  // rows without keys: 0 (and LSE -inf)
     auto channels = [&](int n) {  // this lane's two channels of slice n, 8n + 2t and 8n + 2t + 1, packed
-      float y0 = o[n][2 * i] * inv, y1 = o[n][2 * i + 1] * inv;
-      if constexpr (kFp8) {
-        // Exact attention is a weighted mean of V, so |out| <= v_max quantized units per channel; e4m3's rounding
-        // of P (up to 1/16) can carry the quantized mean past that, to inf in fp16 for |V| near 65504. Clamping to
-        // the bound only moves it toward the exact value.
-        if (!kSaturate) y0 = clamp_keep_nan(y0, p.v_max), y1 = clamp_keep_nan(y1, p.v_max);
-        y0 *= vs.scale[n].x, y1 *= vs.scale[n].y;
-      }
-      if (sum > 0.f) y0 += vs.mean[n].x, y1 += vs.mean[n].y;
-      return kSaturate ? pack2_satfinite<T>(y0, y1) : pack2<T>(y0, y1);
+      return out_pair<kFp8, T, kSaturate>(p, o[n][2 * i], o[n][2 * i + 1], inv, sum > 0.f, vs.scale[n], vs.mean[n]);
     };
     if (whole_rows) {
 #pragma unroll
@@ -405,10 +421,7 @@ __device__ __forceinline__ void store_rows(const AttentionParams& p, T* out, con
         if (c < p.d) store2<T>(out + r * p.o_sn + c, channels(n), c + 1 < p.d);
       }
     }
-    if (p.lse != nullptr && t == 0 && r < p.nq) {
-      // sum is of exp2(x - shift), shift = p_shift(m)
-      p.lse[q_head * p.nq + r] = lse_sum > 0.f ? (p_shift<kFp8>(m[i]) + __log2f(lse_sum)) * kLn2 : -INFINITY;
-    }
+    store_lse<kFp8>(p, q_head, r, t, m[i], lse_sum);  // sum is of exp2(x - shift), shift = p_shift(m)
   }
 }
 

@@ -12,6 +12,8 @@
 // The accumulator layout per warp is that of mma.sync m16n8 (rows g and g + 8 of the warp's 16, columns 2t, 2t + 1
 // of every 8-column slice) and the 8-bit A-register layout that of mma.sync m16n8k32, so prepare()'s quantization
 // groups and FP8 key order (fp8_key_slot) serve this kernel unchanged (csrc/common/attention.cuh explains them).
+// The epilogue writes a warpgroup's rows into shared memory by stmatrix, and one thread stores them by the copy engine
+// (stage_rows), where the output's rows are 16-byte aligned.
 #pragma once
 #include <algorithm>
 #include <cuda_bf16.h>
@@ -34,9 +36,9 @@ struct Layout {
   static constexpr int kStages = 3;  // tiles in flight: the one computed on, the one whose P·V runs, the next
   static constexpr int kQ16Bytes = kRows * D * 2;  // 16-bit Q as copied, in boxes of 64 columns (128-byte rows)
   // d128 loads each item's 16-bit Q during the item before (two buffers, taken by items in turn), and its epilogue
-  // saturates the conversion to 16 bits instead of clamping (store_rows): +1.3-1.8 % at d128 (session 38). The d64
-  // kernels keep one buffer and the clamp: with the change, ptxas ordered their tile loops differently, 3.6 % slower
-  // at d64 N1k and 1 % on CogVideoX.
+  // saturates the conversion to 16 bits instead of clamping (store_rows; stage_rows always does): +1.3-1.8 % at d128
+  // (session 38). The d64 kernels keep one buffer and the clamp: with the change, ptxas ordered their tile loops
+  // differently, 3.6 % slower at d64 N1k and 1 % on CogVideoX.
   static constexpr bool kAhead = D == 128;
   static constexpr int kQ16Buffers = kAhead ? 2 : 1;
   static constexpr int kQBytes = kRows * D;
@@ -48,7 +50,9 @@ struct Layout {
   static constexpr int kKOff = kQOff + kQBytes;
   static constexpr int kVOff = kKOff + kStages * kKBytes;
   static constexpr int kQ16Off = kVOff + kStages * kVStage;
-  static constexpr int kBarOff = kQ16Off + kQ16Buffers * kQ16Bytes;
+  // the output's staging rows (stage_rows): each consumer warpgroup's 64 rows in boxes of 64 columns
+  static constexpr int kOutOff = kQ16Off + kQ16Buffers * kQ16Bytes;
+  static constexpr int kBarOff = kOutOff + kRows * D * 2;
   static constexpr int kRedOff = kBarOff + 256;  // per-block Q maxima: [item parity][8 warps]
   static constexpr int kVStatsOff = kBarOff + 512;  // the item's V scale and mean: [slot][2][D] fp32
   static constexpr int kVStatsSlots = 2 * kQ16Buffers;  // item_v_stats
@@ -319,6 +323,55 @@ inline int program_count(const AttentionParams& p) {
   return std::min(p.causal ? (items + 1) / 2 : items, current_sm_count());
 }
 
+// Whether a call's output rows are 16-byte aligned, so that the kernel stores them by bulk tensor copies (stage_rows;
+// family.cu builds the output's tensor map where they are), else by store_rows' 4-byte stores.
+__host__ __device__ inline bool bulk_store_out(const AttentionParams& p) {
+  return vectorizable(Strided{p.out, p.o_sb, p.o_sh, p.o_sn});
+}
+
+// The epilogue where bulk_store_out: each lane's values (store_rows' arithmetic, the conversion saturating, which the
+// tensor cores' row sums make safe: see store_rows) go into the warpgroup's rows of the staging buffer by stmatrix,
+// in the 128-byte swizzled boxes of 64 columns the output's tensor map describes, and one thread stores the boxes,
+// which clips rows past nq and channels past d. Against store_rows: no quad transposes and no per-row addressing or
+// predicates. The thread waits for the stores to have read the buffer (bulk_wait_read) before the warpgroup's next
+// epilogue writes it: at the next item's first barrier, and before the program exits.
+template <int D, typename T>
+__device__ __forceinline__ void stage_rows(const AttentionParams& p, const CUtensorMap* out_map, uint8_t* stage,
+                                           const VStats<D>& vs, const Work& wk, int wg, int lane,
+                                           const float (&o)[D / 8][4], const float (&m)[2], const float (&l)[2],
+                                           const float (&sums)[2]) {
+  const int t = lane % 4, warp = threadIdx.x % 128 / 32;
+  float inv[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) inv[i] = sums[i] > 0.f ? 1.f / sums[i] : 0.f;
+  // stmatrix q stores slices 2q and 2q + 1 of both rows: matrix j is slice 2q + j / 2 of row g + 8 (j % 2), and lane
+  // `lane` addresses row lane % 8 of matrix lane / 8
+  const int srow = warp * 16 + 8 * (lane / 8 % 2) + lane % 8;
+#pragma unroll
+  for (int q = 0; q < D / 16; ++q) {
+    uint32_t v[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int i = j % 2, n = 2 * q + j / 2;
+      v[j] = out_pair<true, T, true>(p, o[n][2 * i], o[n][2 * i + 1], inv[i], sums[i] > 0.f, vs.scale[n], vs.mean[n]);
+    }
+    const int slice = 2 * q + lane / 16;
+    stmatrix_x4(ptx::smem_addr(stage + (slice / 8) * 64 * 128 + swizzled<128>(srow, (slice % 8) * 16)), v);
+  }
+  fence_proxy_async();  // the rows, visible to the copy engine
+  named_barrier(wg, 128);
+  if (threadIdx.x % 128 == 0) {
+#pragma unroll
+    for (int box = 0; box < D / 64; ++box)
+      tma_store_4d(out_map, stage + box * 64 * 128, 64 * box, wk.row0 + 64 * (wg - 1), wk.h, wk.b);
+    bulk_commit();
+  }
+  const int row = wk.row0 + (wg - 1) * 64 + warp * 16 + lane / 4;
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+    store_lse<true>(p, wk.q_head, row + 8 * i, t, m[i], p.lse != nullptr ? quad_sum(l[i]) : 0.f);
+}
+
 // Two-level accumulation: each tile's P·V goes to a fresh fp32 accumulator that is added to o (upstream's
 // "fp32+fp32"; the tensor cores' FP8 accumulation keeps fewer bits than fp32 across many tiles). Every accumulation
 // mode runs it: with P·V straight into o, ptxas serialized the warpgroup MMAs once o also held the row sums (C7514).
@@ -329,7 +382,8 @@ inline int program_count(const AttentionParams& p) {
 template <int D, typename T, bool kLse, bool kDual>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_sm90_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
-                          const __grid_constant__ CUtensorMap v_map, const AttentionParams p) {
+                          const __grid_constant__ CUtensorMap v_map, const AttentionParams p,
+                          const __grid_constant__ CUtensorMap out_map) {  // (after p: p's offsets as before)
   using L = Layout<D>;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* const smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
@@ -435,6 +489,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                                       p.q_gran, p.scale_log2 < 0.f,
                                       reinterpret_cast<uint32_t*>(smem + L::kRedOff) + 8 * (k & 1)) *
                      fabsf(p.scale_log2);
+    // (and the warpgroup's last output stores have read its staging rows before its next epilogue writes them)
+    if (threadIdx.x % 128 == 0) bulk_wait_read<0>();
     named_barrier(wg, 128);  // the warpgroup's rows are all written before its MMAs read them
     // Arrived on once the item's last Q·K^T is done: the buffer's next item may then load its Q.
     uint64_t* const q_done = &q_empty[buffer];
@@ -590,16 +646,22 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
 
     const float sums[2] = {o[D / 8][0], o[D / 8][2]};  // every lane of the quad holds its rows' whole sums
-    store_rows<true, D, T, L::kAhead>(p, static_cast<T*>(p.out) + wk.b * p.o_sb + wk.h * p.o_sh, vs, q_head,
-                                      row0 + wrow, t, reinterpret_cast<const float(&)[D / 8][4]>(o), m, l, sums);
+    const auto& o_rows = reinterpret_cast<const float(&)[D / 8][4]>(o);
+    if (bulk_store_out(p))
+      stage_rows<D, T>(p, &out_map, smem + L::kOutOff + (wg - 1) * 64 * D * 2, vs, wk, wg, lane, o_rows, m, l, sums);
+    else
+      store_rows<true, D, T, L::kAhead>(p, static_cast<T*>(p.out) + wk.b * p.o_sb + wk.h * p.o_sh, vs, q_head,
+                                        row0 + wrow, t, o_rows, m, l, sums);
   }
+  if (threadIdx.x % 128 == 0) bulk_wait_read<0>();  // the staging buffer outlives the stores' reads
 }
 
 // The tensor maps of a call (family.cu builds them): the caller's 16-bit Q [B, Hq, nq, d] in boxes of 128 rows x 64
-// columns, INT8 K [B * Hk, nk_pad, D] in boxes of 128 rows, FP8 V^T [B * Hk, D, nk_pad] in boxes of 128 keys;
+// columns, INT8 K [B * Hk, nk_pad, D] in boxes of 128 rows, FP8 V^T [B * Hk, D, nk_pad] in boxes of 128 keys, and
+// where the kernel stores by it (bulk_store_out), the output [B, Hq, nq, d] in boxes of 64 rows x 64 columns;
 // innermost dimension first, as the copy engine numbers them.
 struct TensorMaps {
-  CUtensorMap q, k, v;
+  CUtensorMap q, k, v, out;
 };
 
 // Where the call counts its prepared K/V heads (p.kv_ready), the kernel is launched as a programmatic dependent of the
@@ -614,10 +676,10 @@ void launch_attention_sm90(const TensorMaps& maps, const AttentionParams& p, cud
     dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
     dependent.val.programmaticStreamSerializationAllowed = 1;
     if (launch_with_attribute(dependent, dim3(program_count(p)), dim3(kThreads), Layout<D>::kSmem, stream, kernel,
-                              maps.q, maps.k, maps.v, p))
+                              maps.q, maps.k, maps.v, p, maps.out))
       return;
   }
-  kernel<<<program_count(p), kThreads, Layout<D>::kSmem, stream>>>(maps.q, maps.k, maps.v, p);
+  kernel<<<program_count(p), kThreads, Layout<D>::kSmem, stream>>>(maps.q, maps.k, maps.v, p, maps.out);
 }
 
 // One instantiation per padded head_dim (attention_d64.cu, attention_d128.cu). Every p.pv_accum runs two-level

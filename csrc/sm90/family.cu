@@ -13,9 +13,13 @@ namespace {
 TensorMaps tensor_maps(const AttentionParams& p, int d_pad) {
   const uint32_t d = static_cast<uint32_t>(d_pad);
   // the caller's 16-bit Q (16-byte aligned strides: the binding copies Q where they are not)
-  return {rows16_map(p.q16, p.batch, p.hq, p.nq, p.d, kRows),
-          byte_map(p.k_i8, d, p.nk_pad, static_cast<uint64_t>(p.batch) * p.hk, d, kKeys),
-          byte_map(p.v.ptr, p.nk_pad, d, static_cast<uint64_t>(p.batch) * p.hk, kKeys, d)};
+  TensorMaps maps{rows16_map(p.q16, p.batch, p.hq, p.nq, p.d, kRows),
+                  byte_map(p.k_i8, d, p.nk_pad, static_cast<uint64_t>(p.batch) * p.hk, d, kKeys),
+                  byte_map(p.v.ptr, p.nk_pad, d, static_cast<uint64_t>(p.batch) * p.hk, kKeys, d),
+                  {}};
+  if (bulk_store_out(p))  // the kernels' output, stored by the copy engine
+    maps.out = rows16_map(Strided{p.out, p.o_sb, p.o_sh, p.o_sn}, p.batch, p.hq, p.nq, p.d, kRows / 2);
+  return maps;
 }
 
 }  // namespace

@@ -106,6 +106,29 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, i
       : "memory");
 }
 
+// A 4-D box of shared memory at src out to the tensor map's box at (c0, c1, c2, c3), in this thread's current bulk
+// group; elements outside the tensor are not written. The source must stay unchanged until bulk_wait_read says the
+// copy engine has read it.
+__device__ __forceinline__ void tma_store_4d(const CUtensorMap* map, const void* src, int c0, int c1, int c2, int c3) {
+  asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n"
+               ::"l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(ptx::smem_addr(src))
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// Blocks until at most kPending of this thread's bulk groups still read their shared-memory sources.
+template <int kPending>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Four 8x8 b16 matrices to shared memory (the converse of ldmatrix_x4): lane l gives the row address of matrix l / 8,
+// and r[j] holds row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1 of matrix j, as in an m16n8 accumulator.
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, const uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]), "r"(r[1]),
+               "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+
 // `bytes` (a multiple of 16) of contiguous global memory at src (16-byte aligned) into shared memory; completes them
 // on the barrier.
 __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {

@@ -87,12 +87,25 @@ def test_kernels_compile_to_their_instructions(sass, family, source, arch):
         assert "STL" not in code and "LDL" not in code, f"local memory in csrc/{family}/{source} for sm_{arch}"
 
 
+# Kernels whose aligned output rows leave through shared memory: stmatrix, then bulk tensor stores (stage_rows)
+BULK_STORE = {("sm90", "attention_d64.cu"): 64, ("sm90", "attention_d128.cu"): 128}  # -> head_dim
+
+
 @pytest.mark.parametrize("family, source, arch", [case for case in CASES if case[1].startswith("attention_")])
 def test_outputs_are_stored_in_16_byte_pieces(sass, family, source, arch):
     """store_rows writes a whole 8-channel slice per lane with one 16-byte store (session 22: full 32-byte sectors and a
-    quarter of the store instructions); nvcc had split the same store, written as a uint4, into four 32-bit ones."""
+    quarter of the store instructions); nvcc had split the same store, written as a uint4, into four 32-bit ones. The
+    sm90 kernels store aligned rows by the copy engine instead (session 39): d / 16 stmatrix.x4 per thread (its
+    2 x d / 4 values), a warpgroup's d / 64 boxes of 64 columns, and the wait for their reads at each item's start and
+    before the program exits (the staging rows are written again)."""
     for kernel in sass(family, source, arch).split("Function :")[1:]:
-        assert "STG.E.128" in kernel, f"{kernel.split()[0]}: no 16-byte store in csrc/{family}/{source} for sm_{arch}"
+        name, d = kernel.split()[0], BULK_STORE.get((family, source))
+        if d:
+            assert kernel.count("STSM.16.M88.4") == d // 16, f"{name}: not {d // 16} stmatrix.x4 per thread"
+            assert kernel.count("UTMASTG.4D") == d // 64, f"{name}: not {d // 64} bulk tensor stores"
+            assert kernel.count("DEPBAR.LE SB0, 0x0") == 2, f"{name}: the stores' reads are not awaited twice"
+        else:
+            assert "STG.E.128" in kernel, f"{name}: no 16-byte store in csrc/{family}/{source} for sm_{arch}"
 
 
 def test_every_kernel_source_is_covered():

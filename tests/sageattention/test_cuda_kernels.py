@@ -330,10 +330,13 @@ def test_strided_and_unaligned_views(family, fp8):
     out, _ = run(mod, q, k, v, "NHD")
     ref, _ = sdpa_fp32(q, k, v, "NHD")
     assert_close(out.float().cpu(), ref.cpu(), **TOL[fp8], what="strided views")
-    q, k, v = make_qkv(b=1, hq=2, nq=100, nk=130, d=60, seed=12)  # head_dim 60: 120-byte rows, no vector loads
-    out, _ = run(mod, q, k, v, "HND")
-    ref, _ = sdpa_fp32(q, k, v)
-    assert_close(out.float().cpu(), ref.cpu(), **TOL[fp8], what="d=60")
+    # head_dims 60 and 100 (120- and 200-byte rows): no vector loads, and the output by 4-byte stores (sm90: no bulk
+    # tensor stores), at both padded head_dims
+    for seed, d in ((12, 60), (13, 100)):
+        q, k, v = make_qkv(b=1, hq=2, nq=100, nk=130, d=d, seed=seed)
+        out, _ = run(mod, q, k, v, "HND")
+        ref, _ = sdpa_fp32(q, k, v)
+        assert_close(out.float().cpu(), ref.cpu(), **TOL[fp8], what=f"d={d}")
 
 
 @pytest.mark.parametrize("family, fp8", FAMILIES)
