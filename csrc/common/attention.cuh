@@ -363,6 +363,9 @@ __device__ __forceinline__ VStats<D> load_v_stats(const AttentionParams& p, int6
 // o / sum is a weighted mean of quantized V, within +-v_max but for fp32 rounding, and with kSaturate, only the
 // conversion to T saturates (so that |V| near 65504 cannot round to inf in fp16: 3 instructions per value fewer);
 // otherwise, and always with l's sums of unrounded P, the mean is clamped to +-v_max.
+// 1 / a row's sum of P; 0 for a row without keys (its output 0 and its LSE -inf)
+__device__ __forceinline__ float inverse_sum(float sum) { return sum > 0.f ? 1.f / sum : 0.f; }
+
 // out_pair: a lane's two channels of one row (accumulators y0, y1; V's scale and mean of those channels), normalized
 // by inv (1 / the row's sum, 0 for a row without keys), packed.
 template <bool kFp8, typename T, bool kSaturate>
@@ -395,13 +398,13 @@ __device__ __forceinline__ void store_rows(const AttentionParams& p, T* out, con
   // Whole rows of 16-byte aligned channels (the same for the whole call): the quad trades its values so that each
   // lane stores one 8-channel slice in 16 bytes, full 32-byte sectors instead of half ones, and a quarter of the store
   // instructions.
-  const bool whole_rows = p.d == D && vectorizable(Strided{p.out, p.o_sb, p.o_sh, p.o_sn});
+  const bool whole_rows = p.d == D && vectorizable(p.out_rows());
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const float lse_sum = p.lse != nullptr || sums == nullptr ? quad_sum(l[i]) : 0.f;  // kFp8: stretched by 448
     const float sum = sums != nullptr ? sums[i] : lse_sum;
     const int r = row + 8 * i;
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;  // rows without keys: 0 (and LSE -inf)
+    const float inv = inverse_sum(sum);
     auto channels = [&](int n) {  // this lane's two channels of slice n, 8n + 2t and 8n + 2t + 1, packed
       return out_pair<kFp8, T, kSaturate>(p, o[n][2 * i], o[n][2 * i + 1], inv, sum > 0.f, vs.scale[n], vs.mean[n]);
     };

@@ -76,6 +76,7 @@ struct AttentionParams {
   const float* v_mean;  // nullptr unless smooth_v
   void* out;            // [B, Hq, nq, d] with strides below (the caller's layout)
   int64_t o_sb, o_sh, o_sn;
+  __host__ __device__ Strided out_rows() const { return {out, o_sb, o_sh, o_sn}; }
   float* lse;           // [B, Hq, nq] natural-log logsumexp of the (smoothed) scaled scores, or nullptr
   int batch, hq, hk, nq, nk, d, nq_pad, nk_pad;
   float scale_log2;     // sm_scale * log2(e)

@@ -326,7 +326,7 @@ inline int program_count(const AttentionParams& p) {
 // Whether a call's output rows are 16-byte aligned, so that the kernel stores them by bulk tensor copies (stage_rows;
 // family.cu builds the output's tensor map where they are), else by store_rows' 4-byte stores.
 __host__ __device__ inline bool bulk_store_out(const AttentionParams& p) {
-  return vectorizable(Strided{p.out, p.o_sb, p.o_sh, p.o_sn});
+  return vectorizable(p.out_rows());
 }
 
 // The epilogue where bulk_store_out: each lane's values (store_rows' arithmetic, the conversion saturating, which the
@@ -343,7 +343,7 @@ __device__ __forceinline__ void stage_rows(const AttentionParams& p, const CUten
   const int t = lane % 4, warp = threadIdx.x % 128 / 32;
   float inv[2];
 #pragma unroll
-  for (int i = 0; i < 2; ++i) inv[i] = sums[i] > 0.f ? 1.f / sums[i] : 0.f;
+  for (int i = 0; i < 2; ++i) inv[i] = inverse_sum(sums[i]);
   // stmatrix q stores slices 2q and 2q + 1 of both rows: matrix j is slice 2q + j / 2 of row g + 8 (j % 2), and lane
   // `lane` addresses row lane % 8 of matrix lane / 8
   const int srow = warp * 16 + 8 * (lane / 8 % 2) + lane % 8;

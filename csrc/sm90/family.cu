@@ -18,7 +18,7 @@ TensorMaps tensor_maps(const AttentionParams& p, int d_pad) {
                   byte_map(p.v.ptr, p.nk_pad, d, static_cast<uint64_t>(p.batch) * p.hk, kKeys, d),
                   {}};
   if (bulk_store_out(p))  // the kernels' output, stored by the copy engine
-    maps.out = rows16_map(Strided{p.out, p.o_sb, p.o_sh, p.o_sn}, p.batch, p.hq, p.nq, p.d, kRows / 2);
+    maps.out = rows16_map(p.out_rows(), p.batch, p.hq, p.nq, p.d, kRows / 2);
   return maps;
 }
 
