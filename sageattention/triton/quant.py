@@ -6,7 +6,7 @@ reference bit for bit.
 
 One kernel runs up to two jobs per launch (`launch`): sageattn quantizes Q while reading the K/V statistics,
 then K while writing FP8 V^T, so its quantization is two bandwidth-bound launches (and a tiny reduction), not five.
-Launch widths are module constants so `python -m bench.quant --sweep` can tune them.
+Launch widths are module constants so `python -m sageattention.bench.quant --sweep` can tune them.
 """
 from __future__ import annotations
 

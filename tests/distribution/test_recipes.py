@@ -38,7 +38,7 @@ def test_pixi_manifest_matches_the_schema_and_has_the_tasks():
     for task, package in (("build-sage2", "sageattention"), ("build-sage3", "sageattn3")):
         assert tasks[task]["args"] == [{"arg": "profile", "default": "default"}]
         assert f"--package {package} --profile {{{{ profile }}}}" in tasks[task]["cmd"]
-    assert tasks["bench"]["cmd"] == "python -m bench.run"
+    assert tasks["bench"]["cmd"] == "python -m sageattention.bench.run"
     pypi = manifest["feature"]["test"]["pypi-dependencies"]
     assert pypi["sageattention"] == {"path": ".", "editable": True, "extras": ["test"]}
     assert pypi["sageattn3"] == {"path": "./sageattention3_blackwell", "editable": True}

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import sageattention as sa
-from bench.workloads import sageattn_on_triton
+from sageattention.bench.workloads import sageattn_on_triton
 from sageattention import core, dispatch, reference
 from sageattention.inputs import to_hnd
 from sageattention.reference import error_metrics

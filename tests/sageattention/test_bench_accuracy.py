@@ -1,11 +1,11 @@
-"""bench.accuracy: its metrics, inputs, rows and report (on CPU the kernels run under Triton's interpreter)."""
+"""sageattention.bench.accuracy: its metrics, inputs, rows and report (on CPU the kernels run under Triton's interpreter)."""
 import math
 
 import pytest
 import torch
 
-from bench import accuracy, workloads
-from bench.workloads import Model
+from sageattention.bench import accuracy, workloads
+from sageattention.bench.workloads import Model
 from tests.sageattention.helpers import DEVICE
 
 TINY = Model("tiny", "tiny GQA causal", b=1, hq=2, hk=1, nq=64, nk=80, d=64, layout="NHD", causal=True)
@@ -43,8 +43,9 @@ def test_rows_measure_each_method_and_record_one_that_raises(monkeypatch):
     assert row["rel_l1"]["sdpa bf16"] < row["rel_l1"]["sageattn"]  # unquantized 16-bit: the floor
     assert row["cos"]["refuses"] is None
     assert notes["refuses"] == "RuntimeError: GPU sm80 is not supported by this sageattention kernel"
-    text = accuracy.markdown([row], dict(device="cpu", torch="x", triton="y", command="c", notes=notes),
-                             ["sageattn", "refuses"])
+    row = dict(row, cos={n: row["cos"][n] for n in ("sageattn", "refuses")},
+               rel_l1={n: row["rel_l1"][n] for n in ("sageattn", "refuses")})
+    text = accuracy.body(dict(meta=dict(device="cpu", torch="x", triton="y", command="c", notes=notes), rows=[row]))
     assert "| tiny GQA causal (B1 Hq2 Hkv1 Nq64×Nk80 d64 NHD float16 causal) | structured | " in text
     assert f"{row['rel_l1']['sageattn']:.4f} | — |" in text
 

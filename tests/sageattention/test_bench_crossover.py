@@ -1,7 +1,7 @@
-"""bench.crossover's grid, crossover rule and report (no GPU needed)."""
+"""sageattention.bench.crossover's grid, crossover rule and report (no GPU needed)."""
 from __future__ import annotations
 
-from bench import crossover
+from sageattention.bench import crossover
 
 
 def row(d, causal, batch, n, sage, sdpa):
@@ -32,7 +32,6 @@ def test_the_crossover_is_where_every_longer_row_wins():
 
 def test_markdown_lists_every_row_and_the_crossovers():
     rows = [row(128, False, "fa3", 1024, 300.0, 500.0), row(128, False, "fa3", 4096, 600.0, 500.0)]
-    meta = dict(device="NVIDIA H100 80GB HBM3", torch="2.11", triton="3.6", command="python -m bench.crossover")
-    text = crossover.markdown(rows, meta)
+    text = crossover.body(dict(meta={}, rows=rows))
     assert "| 128 | no | fa3 | 1 | 16 | 1024 | 300.0 | 500.0 | 0.60 |" in text
-    assert "- head_dim 128: 4096" in text and "`python -m bench.crossover`" in text
+    assert "- head_dim 128: 4096" in text

@@ -1,8 +1,8 @@
-"""bench/item_costs.py's arithmetic (no GPU): a tile's time and an item's cost besides its tiles, recovered from
+"""sageattention/bench/item_costs.py's arithmetic (no GPU): a tile's time and an item's cost besides its tiles, recovered from
 launch times made up of known parts, and the tables written from them."""
 from __future__ import annotations
 
-from bench import item_costs
+from sageattention.bench import item_costs
 
 
 def made_up_rows(launch: float, tile: dict, item: dict) -> list[dict]:
@@ -24,8 +24,7 @@ def test_derive_recovers_the_parts():
 
 def test_markdown_holds_every_time_and_the_derived_costs():
     rows = made_up_rows(9.0, {128: 1.25, 64: 0.75}, {128: lambda n: 3.0, 64: lambda n: 2.0})
-    meta = dict(device="GPU", command="python -m bench.item_costs", torch="t", triton="x")
-    text = item_costs.markdown(rows, item_costs.derive(rows), meta)
+    text = item_costs.body(dict(meta={}, rows=rows))
     assert "| 128 | 4 | " in text and "| 64 | 1 | " in text
     assert f"{rows[-1]['us']:.1f}" in text
     assert "| 128 | 1.25 | 3.0, 3.0" in text and "| 64 | 0.75 | 2.0" in text

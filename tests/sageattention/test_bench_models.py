@@ -1,4 +1,4 @@
-"""bench.models without a GPU: the shape table, the calls it builds, the TOPS formula, the measurement loop (with
+"""sageattention.bench.models without a GPU: the shape table, the calls it builds, the TOPS formula, the measurement loop (with
 stand-in timings), child processes, argument parsing and the report, on synthetic rows."""
 import json
 import sys
@@ -7,11 +7,11 @@ import warnings
 import pytest
 import torch
 
-from bench import models, workloads
-from bench.workloads import MODELS
+from sageattention.bench import models, workloads
+from sageattention.bench.workloads import MODELS
 
-# The shapes of issue 16: (B, Hq, Hkv, Nq, Nk, d, layout, dtype, causal).
-ISSUE_SHAPES = {
+# The shapes users run: (B, Hq, Hkv, Nq, Nk, d, layout, dtype, causal).
+MODEL_SHAPES = {
     (1, 24, 24, 4608, 4608, 128, "NHD", "bfloat16", False),  # Flux 1024 px
     (2, 10, 10, 4096, 4096, 64, "NHD", "float16", False),  # SDXL self-attention
     (2, 10, 10, 4096, 77, 64, "NHD", "float16", False),  # SDXL cross-attention
@@ -22,9 +22,9 @@ ISSUE_SHAPES = {
 }
 
 
-def test_the_table_holds_the_issues_shapes():
+def test_the_table_holds_the_model_shapes():
     got = {(m.b, m.hq, m.hk, m.nq, m.nk, m.d, m.layout, m.dtype, m.causal) for m in MODELS.values()}
-    assert got == ISSUE_SHAPES
+    assert got == MODEL_SHAPES
     assert all(key == m.key for key, m in MODELS.items())
 
 
@@ -103,8 +103,8 @@ def test_measure_times_each_method_and_keeps_going_past_one_that_raises(monkeypa
 
 
 def test_the_first_call_process_loads_no_triton_before_the_call():
-    # bench.first_call imports bench.workloads untimed: Triton loaded there would be missing from the first call's time.
-    code = "import sys, bench.workloads; print('{\"triton\": %s}' % ('triton' in sys.modules and 1 or 0))"
+    # first_call imports workloads untimed: Triton loaded there would be missing from the first call's time.
+    code = "import sys, sageattention.bench.workloads; print('{\"triton\": %s}' % ('triton' in sys.modules and 1 or 0))"
     assert models.child_json([sys.executable, "-c", code]) == [{"triton": 0}]
 
 
@@ -152,15 +152,15 @@ def synthetic_rows():
                  first_call_s=dict(zip(names, (0.07, 1.8))), spread_pct=dict(zip(names, (1.5, None))),
                  imports_s={n: dict(import_torch_s=t, import_sageattention_s=0.2) for n, t in zip(names, (1.1, 1.3))})
             for m, tops in ((MODELS["flux"], (645.0, 593.2)), (MODELS["sdxl-cross"], (24.0, None)))]
-    meta = dict(device="NVIDIA H100 80GB HBM3", torch="2.9.0", triton="3.5.0", python="3.12.3",
-                command="python -m bench.models --first-call", notes={"sageattn": "running on Triton"})
+    meta = dict(device="NVIDIA H100 80GB HBM3", driver="580.1", torch="2.9.0", triton="3.5.0", python="3.12.3",
+                commit="0123456789abcdef", date="2026-01-02T03:04:05+00:00", tool="models",
+                command="python -m sageattention.bench.models --first-call", notes={"sageattn": "running on Triton"})
     return rows, meta, names
 
 
 def test_markdown_has_one_table_per_measured_column():
     rows, meta, names = synthetic_rows()
-    text = models.markdown(rows, meta, names)
-    assert "NVIDIA H100 80GB HBM3, torch 2.9.0, Triton 3.5.0" in text and "`python -m bench.models --first-call`" in text
+    text = models.body(dict(meta=meta, rows=rows))
     assert "| Flux 1024 px | B1 H24 N4608 d128 NHD bfloat16 | 645 | 593 |" in text
     assert "| SDXL cross-attn | B2 H10 Nq4096×Nk77 d64 NHD float16 | 24 | — |" in text
     assert "| Flux 1024 px | B1 H24 N4608 d128 NHD bfloat16 | 0.050 | — |" in text  # ms/call
@@ -168,19 +168,23 @@ def test_markdown_has_one_table_per_measured_column():
     assert "torch 1.10–1.30 s, sageattention 0.20–0.20 s" in text
     assert "- sageattn: running on Triton" in text
     rows[1]["sageattn_path"] = "sdpa: 77 keys (fewer than 128): quantizing K and V cannot pay off"
-    assert "- SDXL cross-attn: sdpa: 77 keys" in models.markdown(rows, meta, names)
+    assert "- SDXL cross-attn: sdpa: 77 keys" in models.body(dict(meta=meta, rows=rows))
     del rows[0]["spread_pct"], rows[1]["spread_pct"]
-    assert "max/min" not in models.markdown(rows, meta, names)
+    assert "max/min" not in models.body(dict(meta=meta, rows=rows))
 
 
 def test_report_writes_json_markdown_and_chart(tmp_path):
     pytest.importorskip("matplotlib")
     rows, meta, names = synthetic_rows()
-    stem = models.report(rows, meta, names, tmp_path)
-    assert stem == tmp_path / "NVIDIA_H100_80GB_HBM3_models"
-    assert json.loads(stem.with_suffix(".json").read_text()) == dict(meta=meta, rows=rows)
-    assert stem.with_suffix(".md").read_text() == models.markdown(rows, meta, names)
-    assert stem.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
+    path = tmp_path / "NVIDIA_H100_80GB_HBM3" / "models"
+    models.report(rows, meta, names, path)
+    assert json.loads(path.with_suffix(".json").read_text()) == dict(meta=meta, rows=rows)
+    text = path.with_suffix(".md").read_text()
+    assert text.startswith("# Real-model attention benchmark\n\nNVIDIA H100 80GB HBM3, driver 580.1, torch 2.9.0, "
+                           "Triton 3.5.0, Python 3.12.3; commit `0123456789abcdef`, 2026-01-02T03:04:05+00:00; "
+                           "command: `python -m sageattention.bench.models --first-call`\n\n")
+    assert text.endswith(models.body(dict(meta=meta, rows=rows)))
+    assert path.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_main_puts_every_measurement_in_the_report(monkeypatch, tmp_path):
@@ -189,7 +193,7 @@ def test_main_puts_every_measurement_in_the_report(monkeypatch, tmp_path):
 
     def child(cmd, env=None):  # stand-ins for the fresh processes: first calls, and the --spread processes
         children.append(cmd[2:])
-        if cmd[2] == "bench.first_call":
+        if cmd[2] == "sageattention.bench.first_call":
             return [dict(import_torch_s=1.0, import_sageattention_s=0.25, first_call_s=0.5)]
         return [dict(model="small", median_ms={"sageattn": 1.0 + 0.1 * len(children)})]
 
@@ -201,14 +205,15 @@ def test_main_puts_every_measurement_in_the_report(monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     argv = ["--models", "small", "--methods", "sageattn", "--first-call", "--spread", "2", "--out", str(tmp_path)]
     assert models.main(argv) == 0
-    report = json.loads((tmp_path / "GPU_X_models.json").read_text())
-    assert report["meta"]["command"].startswith("python -m bench.models --models small")
+    report = json.loads((tmp_path / "GPU_X" / "models.json").read_text())
+    assert report["meta"]["command"].startswith("python -m sageattention.bench.models --models small")
     (row,) = report["rows"]
     assert row["first_call_s"] == {"sageattn": 0.5}
     assert row["imports_s"] == {"sageattn": dict(import_torch_s=1.0, import_sageattention_s=0.25)}
     assert row["spread_ms"] == {"sageattn": [1.3, 1.4]}  # each process's median, in order
     assert row["spread_pct"] == {"sageattn": round((1.4 / 1.3 - 1) * 100, 1)}
-    assert [c[0] for c in children] == ["bench.first_call"] * 2 + ["bench.models"] * 2  # warm-up, first call, spread
+    # warm-up, first call, spread
+    assert [c[0] for c in children] == ["sageattention.bench.first_call"] * 2 + ["sageattention.bench.models"] * 2
 
 
 def test_process_medians_keep_each_process_in_order(monkeypatch):
@@ -235,10 +240,11 @@ def test_a_run_stopped_midway_keeps_the_models_it_measured(monkeypatch, tmp_path
         device="GPU X", torch="t", triton="tr", python="p", command=f"python -m {module}"))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     with pytest.raises(KeyboardInterrupt):
-        models.main(["--models", "flux,sdxl", "--methods", "sageattn", "--no-warm", "--out", str(tmp_path)])
-    report = json.loads((tmp_path / "GPU_X_models.json").read_text())
+        models.main(["--models", "flux,sdxl", "--methods", "sageattn", "--no-warm", "--out", str(tmp_path),
+                     "--name", "partial"])
+    report = json.loads((tmp_path / "GPU_X" / "partial.json").read_text())
     assert [r["model"] for r in report["rows"]] == ["flux"]
-    assert "Flux" in (tmp_path / "GPU_X_models.md").read_text()
+    assert "Flux" in (tmp_path / "GPU_X" / "partial.md").read_text()
 
 
 def test_sdpa_methods_are_pinned_once_around_their_calls_not_per_call(monkeypatch):
@@ -261,7 +267,7 @@ def test_sdpa_methods_are_pinned_once_around_their_calls_not_per_call(monkeypatc
 @pytest.mark.parametrize("fallback_on, route", [(True, ("sdpa",)), (False, ("triton", "compiled"))])
 def test_host_bench_replays_the_call_sageattn_ends_in(fallback_on, route):
     import sageattention
-    from bench import host
+    from sageattention.bench import host
     from sageattention import fallback
     from tests.sageattention.helpers import make_qkv
 

@@ -1,4 +1,4 @@
-"""bench/sass_loops.py: SASS parsed into kernels and their MMA loops, loops compared as same, renamed or reordered;
+"""sageattention/bench/sass_loops.py: SASS parsed into kernels and their MMA loops, loops compared as same, renamed or reordered;
 and, where nvcc and cuobjdump are present, the whole path from two sources to a verdict. No GPU."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from bench import sass_loops
+from sageattention.bench import sass_loops
 
 SASS = """
 	code for sm_80

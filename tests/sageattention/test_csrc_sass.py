@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import sass_loops
+from sageattention.bench import sass_loops
 
 ROOT = Path(__file__).resolve().parents[2]
 CSRC = ROOT / "csrc"
