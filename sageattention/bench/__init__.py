@@ -1,0 +1,1 @@
+"""Benchmarks and measurement tools (README.md beside this file); `import sageattention` does not import them."""

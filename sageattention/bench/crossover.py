@@ -7,7 +7,8 @@ tokens per batch, heads x head_dim = 2048) and a single sequence of 24 (d128) or
 times sageattn with its SDPA fallback off (the quantized kernels, end to end through the public call) against
 SDPA's own choice on the same inputs (what the fallback runs), medians of CUDA-event timings. The crossover of a
 (head_dim, causal) pair is the smallest N from which the kernels are no more than 3 % slower on either batch shape
-(closer than that, machines differ more than the methods: the same code measures 2-8 % apart on two H100s).
+(closer than that, machines differ more than the methods: the same code measures 2-8 % apart on two H100s;
+docs/decisions/0002-hopper-sdpa-crossovers.md).
 """
 from __future__ import annotations
 

@@ -178,7 +178,7 @@ def main(argv=None) -> int:
                     help="the kernel's two-step exponent everywhere (the before of the one-FMA exponent, for A/B runs)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
-        print("bench needs a CUDA GPU", file=sys.stderr)
+        print("sageattention.bench.run needs a CUDA GPU", file=sys.stderr)
         return 2
     attention.ONE_FMA = not args.two_step
     suites = set(args.suite or SUITES)
