@@ -1,6 +1,6 @@
 """The product speaks of the product: no tracked file (code, docs, tests, result files, their names) cites a numbered
 working session or a work log. Measured decisions live in docs/decisions/, results of record in
-docs/performance.md, history in git."""
+docs/performance.md, history in git; every decision note a file cites exists."""
 import re
 import subprocess
 from pathlib import Path
@@ -11,6 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Joined from pieces so that this file does not match itself.
 DIARY = re.compile("sess" + r"ions?[\s_-]?\d" + "|" + r"\bwork" + r"[\s_-]?log", re.IGNORECASE)
+NOTE = re.compile(r"docs/decisions/(\d{4}-[a-z0-9-]+\.md)")
 
 
 def tracked_files() -> list:
@@ -41,10 +42,19 @@ def test_the_pattern_finds_diary_references():
     assert diary_references("x_" + "sess" + "ion3.png", b"\0\x89PNG") == ["x_" + "sess" + "ion3.png: (file name)"]
 
 
-def test_no_tracked_file_cites_a_session_or_a_work_log():
-    found = []
+def tracked_contents():
     for name in tracked_files():
         path = ROOT / name
-        data = path.read_bytes() if path.is_file() else b""
-        found += diary_references(name, data)
+        yield name, path.read_bytes() if path.is_file() else b""
+
+
+def test_no_tracked_file_cites_a_session_or_a_work_log():
+    found = [ref for name, data in tracked_contents() for ref in diary_references(name, data)]
     assert not found, "cite docs/decisions/ or docs/performance.md instead:\n" + "\n".join(found)
+
+
+def test_cited_decision_notes_exist():
+    notes = {path.name for path in (ROOT / "docs" / "decisions").glob("*.md")}
+    missing = [f"{name}: {note}" for name, data in tracked_contents() if b"\0" not in data
+               for note in NOTE.findall(data.decode("utf-8", errors="replace")) if note not in notes]
+    assert not missing, "no such decision note:\n" + "\n".join(missing)
