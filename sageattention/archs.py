@@ -32,18 +32,18 @@ FAMILIES = {
     # ("only": compiled for exactly these archs, as sm_90a whatever suffix the arch list gives). Its P·V
     # accumulates two-level in fp32 whatever pv_accum_dtype asks.
     # "sdpa_below_keys": sageattn hands a call with fewer keys than this to SDPA, by (head_dim padded to 64 or 128,
-    # causal): the crossovers that `python -m bench.crossover` measured on an H100 (below them these kernels ran more
-    # than 3 % slower than SDPA's own choice end to end: the quantization launches and the per-item work do not pay
-    # off at short sequences; bench/results/NVIDIA_H100_80GB_HBM3_crossover_session35.md, which confirms causal
-    # d128's five runs of session 30: bench/results/NVIDIA_H100_80GB_HBM3_crossover_session30.md).
+    # causal): the crossovers that `python -m sageattention.bench.crossover` measured on an H100 (below them these
+    # kernels ran more than 3 % slower than SDPA's own choice end to end: the quantization launches and the per-item
+    # work do not pay off at short sequences; the runs and the rule for moving a threshold:
+    # docs/decisions/0002-hopper-sdpa-crossovers.md).
     "sm90": {"pv": "fp8", "min_arch": "9.0", "min_cuda": "12.4", "only": ("9.0",), "suffix": "a",
              "sdpa_below_keys": {(64, False): 8192, (64, True): 16384, (128, False): 4096, (128, True): 5120}},
 }
 
 # Archs where `sageattn` keeps the Triton kernels although a compiled family runs there: datacenter Blackwell's
 # Triton MMAs are its newer tensor-core path, while the sm89 family's mma.sync kernels are not (on Hopper they reached
-# about a third of the Triton kernels' wgmma throughput: docs/benchmarks.md; not measured on Blackwell here). The
-# named `_cuda` variants still run the compiled kernels there.
+# about a third of the Triton kernels' wgmma throughput: docs/decisions/0040-hopper-routes-to-sm90.md; not measured
+# on Blackwell here). The named `_cuda` variants still run the compiled kernels there.
 SAGEATTN_PREFERS_TRITON = ("10.0", "10.3")
 
 # The f16-accumulating e4m3 MMA (pv_accum_dtype="fp32+fp16") arrived in PTX 8.7: built only by nvcc >= 12.8, for the

@@ -33,7 +33,7 @@ QUANT_BACKENDS = ("triton", "cuda")
 # kernel dequantize a score tile with one FMA per element (per-thread K scales vary along the tile).
 SAGEATTN_GRAN = "per_warp"
 # ... and on the compiled kernels, where per-thread scales cost no more than per-block ones (a lane holds one Q and
-# one K scale per tile) and are what meets the accuracy target (docs/benchmarks.md).
+# one K scale per tile) and are what meets the accuracy target (docs/decisions/0003-per-thread-int8-scales.md).
 SAGEATTN_GRAN_COMPILED = "per_thread"
 COMPILED_MAX_HEAD_DIM = 128
 GRAN_CODE = {name: i for i, name in enumerate(GRANULARITIES)}  # csrc/common/params.h: Granularity
@@ -151,7 +151,8 @@ def _prepare(fn_name, q, k, v, *, tensor_layout, is_causal, sm_scale, qk_quant_g
 
 
 # A model calls attention with a handful of argument sets: each is checked and routed once (`_prepare`), and later
-# calls with the same signature go straight to the kernels, since small calls are host-bound (docs/benchmarks.md).
+# calls with the same signature go straight to the kernels, since small calls are host-bound
+# (docs/decisions/0041-signature-cache-host-time.md).
 # Tests that fake a GPU or a build clear it (tests' conftest).
 _prepared: dict = {}
 _PREPARED_MAX = 256

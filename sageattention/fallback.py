@@ -23,7 +23,7 @@ from . import archs
 MIN_KEYS = 128  # fewer keys than one quantization block of K
 # B * Hq * Nq * Nk * D below this: the quantized path's fixed GPU cost (its preparation launches, ~12 µs on an H100)
 # is about what SDPA needs for the whole call (B1 H16 N1k d64 = 2**30: 30 µs of GPU time against cuDNN's 13,
-# docs/benchmarks.md, session 16)
+# docs/decisions/0001-sdpa-for-small-problems.md)
 MIN_MACS = 1 << 31
 
 _enabled = os.environ.get("SAGEATTN_SDPA_FALLBACK", "1").strip() != "0"
