@@ -3,8 +3,8 @@
     python -m sageattention.bench.report            # rewrite every generated block
     python -m sageattention.bench.report --check    # exit 1 naming the blocks that differ from their results
 
-A block is everything between `<!-- BEGIN generated:<gpu_dir>/<suite> -->` and `<!-- END generated:<gpu_dir>/<suite>
--->`. It becomes the tables of <results>/<gpu_dir>/<suite>.json, rendered by the tool that wrote the file (its
+A block is everything between the lines `<!-- BEGIN generated:<gpu_dir>/<suite> -->` and `<!-- END
+generated:<gpu_dir>/<suite> -->` (each on a line of its own). It becomes the tables of <results>/<gpu_dir>/<suite>.json, rendered by the tool that wrote the file (its
 meta["tool"]: the same renderer as the file's .md), then one line with the device, software, commit, date and command
 of the run, and a link to <suite>.png where there is one. Needs torch and Triton (the renderers' modules import
 them), no GPU.
@@ -24,8 +24,9 @@ from sageattention.bench.results import RESULTS, ROOT, provenance
 DOC = ROOT / "docs" / "performance.md"
 TOOLS = ("run", "models", "accuracy", "crossover", "item_costs")  # the modules whose results have a `body`
 KEY = r"[\w-][\w.-]*/[\w-][\w.-]*"
-BLOCK = re.compile(rf"(<!-- BEGIN generated:({KEY}) -->\n)(.*?)(<!-- END generated:\2 -->)", re.S)
-BEGIN = re.compile(r"<!-- BEGIN generated:(\S*) -->")
+# Markers stand on lines of their own (a marker quoted inside a line of prose is not one).
+BLOCK = re.compile(rf"^(<!-- BEGIN generated:({KEY}) -->\n)(.*?)^(<!-- END generated:\2 -->)$", re.S | re.M)
+BEGIN = re.compile(r"^<!-- BEGIN generated:(.*?) -->$", re.M)
 
 
 class ReportError(Exception):
@@ -56,7 +57,7 @@ def render(key: str, results: Path, doc: Path) -> str:
     png = path.with_suffix(".png")
     if png.is_file():
         line += f"; plot: [{png.name}]({Path(os.path.relpath(png, doc.resolve().parent)).as_posix()})"
-    return f"{body.rstrip()}\n\n{line}\n"
+    return f"\n{body.strip()}\n\n{line}\n\n"  # blank lines: the markers stay apart from the tables
 
 
 def regenerate(text: str, doc: Path, results: Path) -> tuple[str, list[str]]:

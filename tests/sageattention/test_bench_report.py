@@ -19,7 +19,7 @@ ROWS = [dict(batch="fa3", b=1, h=16, n=n, d=128, causal=False, tops={"sageattn":
 
 def doc_with(*keys, filler="old text\n") -> str:
     blocks = "".join(f"<!-- BEGIN generated:{k} -->\n{filler}<!-- END generated:{k} -->\n" for k in keys)
-    return f"# Performance\n\nProse stays.\n\n{blocks}\nMore prose.\n"
+    return f"# Performance\n\nProse stays; `<!-- BEGIN generated:... -->` quoted is no marker.\n\n{blocks}\nMore prose.\n"
 
 
 @pytest.fixture
@@ -42,12 +42,12 @@ def test_report_writes_the_tables_and_provenance_then_check_passes(tree, capsys)
     assert report.main(args) == 0
     text = doc.read_text()
     table = crossover.body(dict(meta=META, rows=ROWS))  # the renderer of crossover.md, not a copy
-    assert f"<!-- BEGIN generated:GPU_X/crossover -->\n{table.rstrip()}\n\n" in text
+    assert f"<!-- BEGIN generated:GPU_X/crossover -->\n\n{table.strip()}\n\n" in text
     assert "| 128 | no | fa3 | 1 | 16 | 4096 | 600.0 | 500.0 | 1.20 |" in text
     assert ("GPU X, driver 1.2, torch t, Triton tr, Python p; commit `c0ffee`, 2026-01-02T03:04:05+00:00; command: "
-            "`python -m sageattention.bench.crossover --out o`; plot: [crossover.png](../results/GPU_X/crossover.png)\n"
+            "`python -m sageattention.bench.crossover --out o`; plot: [crossover.png](../results/GPU_X/crossover.png)\n\n"
             "<!-- END generated:GPU_X/crossover -->") in text
-    assert text.startswith("# Performance\n\nProse stays.\n\n") and text.endswith("\nMore prose.\n")
+    assert text.startswith("# Performance\n\nProse stays;") and text.endswith("\nMore prose.\n")
     assert "old text" not in text
     assert report.main([*args, "--check"]) == 0
     # a new result makes the block stale again
