@@ -138,7 +138,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
                 except ExportError as exc:
                     o.ok, o.note = False, f"wheel export: {exc}"
         if any(o.wheel for o in outcomes):
-            write_indexes({w: str(w.resolve()) for w in args.wheels.glob("*.whl")}, args.index)
+            write_indexes({w: None for w in args.wheels.glob("*.whl")}, args.index)
     console.print(summary(outcomes))
     if os.environ.get("GITHUB_STEP_SUMMARY"):
         with open(os.environ["GITHUB_STEP_SUMMARY"], "a") as fh:
