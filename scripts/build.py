@@ -78,6 +78,7 @@ def build_variant(v: Variant, channel_dir: Path, channels: list[str], log: Path)
             return Outcome(v, False, time.monotonic() - start, log, note=note)
         target = channel_dir / v.platform / built[0].name
         target.parent.mkdir(exist_ok=True)
+        built[0].chmod(0o644)  # rattler-build writes 0600; a channel is read by others
         built[0].replace(target)
     return Outcome(v, True, time.monotonic() - start, log, package=target)
 

@@ -2,6 +2,7 @@
 import asyncio
 import json
 import shutil
+import stat
 import sys
 
 import pytest
@@ -63,9 +64,9 @@ def test_successful_build_lands_indexed_with_wheel_and_page(tmp_path, capsys, mo
     prebuilt = channel[1][("2.8", "12.9")][1]  # a package laid out like a recipe build, Python = this one's
 
     def fake_rattler_build(v, scratch, channels):
-        # Stands in for rattler-build: drop the finished package where it would write it.
+        # Stands in for rattler-build: drop the finished package where it would write it, mode 0600 as it does.
         code = ("import shutil, sys, pathlib; d = pathlib.Path(sys.argv[2]) / 'linux-64'; d.mkdir(); "
-                "shutil.copy(sys.argv[1], d)")
+                "pathlib.Path(shutil.copy(sys.argv[1], d)).chmod(0o600)")
         return [sys.executable, "-c", code, str(prebuilt), str(scratch)]
 
     monkeypatch.setattr(build, "build_command", fake_rattler_build)
@@ -75,6 +76,8 @@ def test_successful_build_lands_indexed_with_wheel_and_page(tmp_path, capsys, mo
     repodata = json.loads((dist / "channel/linux-64/repodata.json").read_text())
     assert list(repodata["packages.conda"]) == [prebuilt.name]
     (wheel,) = (dist / "wheels").glob("*.whl")
+    for made in (dist / "channel/linux-64" / prebuilt.name, wheel):
+        assert stat.S_IMODE(made.stat().st_mode) == 0o644, made
     assert wheel.name.startswith("sageattn3-1.0.0-280.129-")
     assert wheel.name in (dist / "index/cu12-torch2.8/simple/sageattn3/index.html").read_text()
     assert "ok" in capsys.readouterr().out
