@@ -2,6 +2,7 @@
 import asyncio
 import hashlib
 import json
+import re
 import stat
 import time
 import zipfile
@@ -48,6 +49,27 @@ def test_cuda_13_build_needs_a_cuda_13_driver(channel):
     with pytest.raises(Exception, match="cuda"):
         solve(channel[0], ["sageattn3", "pytorch 2.10.*"], cuda="12.9")
     assert picked(solve(channel[0], ["sageattn3", "pytorch 2.10.*"], cuda="13.0")).startswith("cu130torch210")
+
+
+@pytest.mark.parametrize("override", [False, True])
+def test_without_a_driver_the_solve_needs_conda_override_cuda(channel, monkeypatch, override):
+    """rattler reads the driver's CUDA, or CONDA_OVERRIDE_CUDA, as conda, mamba and pixi do (docs/installing.md)."""
+    monkeypatch.delenv("CONDA_OVERRIDE_CUDA", raising=False)
+    if any(p.into_generic().name.normalized == "__cuda" for p in rattler.VirtualPackage.detect()):
+        pytest.skip("this machine has an NVIDIA driver")
+    if override:
+        value = re.search(r"CONDA_OVERRIDE_CUDA=(\S+) conda install", (ROOT / "docs/installing.md").read_text()).group(1)
+        monkeypatch.setenv("CONDA_OVERRIDE_CUDA", value)
+    virtual = rattler.VirtualPackage.detect(rattler.VirtualPackageOverrides.from_env())
+
+    def solve_for_torch_28():
+        return asyncio.run(rattler.solve([rattler.Channel(channel[0].as_uri())], ["sageattn3", "pytorch 2.8.*"],
+                                         platforms=["linux-64", "noarch"], virtual_packages=virtual))
+    if override:
+        assert picked(solve_for_torch_28()).startswith("cu129torch28py")
+    else:
+        with pytest.raises(Exception, match="__cuda"):
+            solve_for_torch_28()
 
 
 def test_install_export_and_pip_install(channel, stubs, tmp_path):
