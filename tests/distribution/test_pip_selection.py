@@ -4,18 +4,19 @@ for the installed torch and leave torch alone; a wrong index, a Python we don't 
 refused with the reason, torch untouched, and never end in PyPI's 1.0.6. One flat folder can't pick by torch."""
 import json
 import os
+import platform
 import re
 import shlex
 import shutil
 import subprocess
 import sys
+import sysconfig
 import urllib.parse
 import urllib.request
 
 import pytest
 
 from scripts.index_pages import write_indexes
-from scripts.sage_install import here
 from scripts.variants import ROOT
 from tests.distribution.helpers import fresh_venv, http_server, pip, run_py, simple_index, stub_torch, stub_wheel
 
@@ -170,8 +171,9 @@ def test_a_wrong_index_is_refused_and_torch_kept(served, torch28):
 
 def test_a_python_we_dont_build_for_gets_the_reason(served, torch28):
     url, _ = served
-    python, plat = here()
-    reason = (f"error: the index cu12-torch2.8 has no sageattention wheel for {python} on {plat}, "
+    # This interpreter in the helper's words (scripts/sage_install.py imports torch, which tooling tests must not).
+    python = f"{platform.python_implementation()} {sys.version_info.major}.{sys.version_info.minor}"
+    reason = (f"error: the index cu12-torch2.8 has no sageattention wheel for {python} on {sysconfig.get_platform()}, "
               "only for CPython 3.99 on linux-x86_64")
     proc = helper(torch28, url, "sageattention")
     assert proc.returncode == 1 and proc.stderr.strip() == reason
