@@ -5,6 +5,8 @@ engine, in a child process whose output goes to dist/logs/<variant>.log. Package
 scratch folder first and are moved into the channel only when the build (and its package tests)
 succeeded, so the channel never holds a partial package. The channel is indexed, each new package
 is exported as a wheel, and pip indexes per CUDA × torch are written (scripts.index_pages).
+Before anything is built, a missing module or program (scripts.tools) and a dependency channel that
+can't be read each stop the driver with one line naming it (exit status 2).
 """
 from __future__ import annotations
 
@@ -17,7 +19,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
