@@ -24,7 +24,8 @@ FLAVOUR = "import sageattn3, torch; print(sageattn3.FLAVOUR, torch.__version__)"
 TORCH = "import torch; print(torch.__version__)"
 # The installed torch (version, torch.version.cuda) -> the build that must be installed, and how. PyPI's torch 2.7
 # is a CUDA 12.6 build and its 2.8 one CUDA 12.8: both take our CUDA 12.9 builds (one index per CUDA major).
-PAIRS = [("2.7.0", "12.6", "cu12.9torch2.7", "helper"), ("2.8.0", "12.8", "cu12.9torch2.8", "command"),
+# PyTorch's own index names its builds with a local version (2.7.0+cu126); the helper pins exactly that.
+PAIRS = [("2.7.0+cu126", "12.6", "cu12.9torch2.7", "helper"), ("2.8.0", "12.8", "cu12.9torch2.8", "command"),
          ("2.10.0", "13.0", "cu13.0torch2.10", "helper")]
 SITE_IN_DOCS = "https://<owner>.github.io/<repo>"
 # Our sageattention, built only for a Python nobody runs: on this index no wheel fits this interpreter.
