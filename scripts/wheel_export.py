@@ -3,7 +3,9 @@
 The wheel holds the package's site-packages files and a fresh dist-info: METADATA whose
 Requires-Dist pins torch to the minor the package was built against, WHEEL with the build tag
 (280.129 = torch 2.8 + CUDA 12.9), the package's license files (info/licenses/ -> licenses/,
-PEP 639) and RECORD (written by `wheel.wheelfile.WheelFile`). A package that cannot be exported
+PEP 639) and RECORD (written by `wheel.wheelfile.WheelFile`). The same package always gives the same
+bytes: entries in a fixed order, each with the time source_date_epoch() gives ($SOURCE_DATE_EPOCH when
+set) and mode 0644 (0755 when executable); the wheel file itself is 0644. A package that cannot be exported
 gets one error line naming it; the others are still exported, and the exit status is then 2.
 """
 from __future__ import annotations
@@ -11,18 +13,23 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import json
+import os
+import stat
 import subprocess
 import sys
 import tempfile
+import time
 from email.message import Message
 from functools import cache
 from pathlib import Path, PurePosixPath
+from zipfile import ZipInfo
 
 from rattler import MatchSpec, PathsJson
 from rattler.package_streaming import extract
 from wheel.wheelfile import WheelFile
 
-from scripts.outputs import finished
+from scripts.outputs import finished, source_date_epoch
+from scripts.tools import executable
 from scripts.variants import PACKAGES, VARIANTS_DIR, load, read
 from scripts.wheel_names import Flavour, from_build_string
 
@@ -133,17 +140,18 @@ def site_packages_files(pkg: Path, platform: str, flavour: Flavour) -> dict[str,
 
 def make_portable(files: dict[str, Path]) -> None:
     """Keep only RPATH entries inside the wheel's own tree, then add torch's wheel libs (site-packages/torch/lib)."""
+    patchelf = executable("patchelf") or "patchelf"
     for inner, path in files.items():
         if path.read_bytes()[:4] != b"\x7fELF":
             continue
         depth = len(PurePosixPath(inner).parts) - 1
-        old = subprocess.run(["patchelf", "--print-rpath", str(path)], capture_output=True, text=True,
+        old = subprocess.run([patchelf, "--print-rpath", str(path)], capture_output=True, text=True,
                              check=True).stdout.strip()
         # Absolute entries name the build prefix; $ORIGIN entries that climb out of site-packages reach
         # conda's lib/ — neither exists once pip installs the wheel.
         kept = [p for p in old.split(":") if p.startswith("$ORIGIN") and p.count("..") <= depth]
         torch_lib = "$ORIGIN/" + "../" * depth + "torch/lib"
-        subprocess.run(["patchelf", "--set-rpath", ":".join(kept + [torch_lib]), str(path)], check=True)
+        subprocess.run([patchelf, "--set-rpath", ":".join(kept + [torch_lib]), str(path)], check=True)
 
 
 def linux_platform_tag(wheel: Path) -> str:
@@ -215,6 +223,25 @@ def _export(conda: Path, out_dir: Path, local_version: bool, manylinux: bool) ->
         return _write(out_dir, index, about, flavour, version, files, plat, requires, licenses)
 
 
+class ReproducibleWheel(WheelFile):
+    """A WheelFile whose bytes depend only on what goes in, not on when or from which files on disk."""
+
+    def _entry(self, name: str, mode: int) -> ZipInfo:
+        info = ZipInfo(name, date_time=time.gmtime(source_date_epoch())[:6])
+        info.compress_type = self.compression
+        info.external_attr = (mode | stat.S_IFREG) << 16
+        return info
+
+    def writestr(self, zinfo_or_arcname, data, compress_type=None) -> None:
+        if isinstance(zinfo_or_arcname, str):  # also RECORD, which WheelFile.close writes
+            zinfo_or_arcname = self._entry(zinfo_or_arcname, 0o644)
+        super().writestr(zinfo_or_arcname, data, compress_type)
+
+    def write(self, filename, arcname=None, compress_type=None) -> None:
+        mode = 0o755 if os.stat(filename).st_mode & 0o111 else 0o644
+        self.writestr(self._entry(arcname or str(filename), mode), Path(filename).read_bytes(), compress_type)
+
+
 def _write(out_dir: Path, index: dict, about: dict, flavour: Flavour, version: str, files: dict[str, Path],
            plat: str, requires: list[str] = (), licenses: dict[str, Path] | None = None) -> Path:
     name = flavour.wheel_name(index["name"], version, plat)
@@ -223,7 +250,7 @@ def _write(out_dir: Path, index: dict, about: dict, flavour: Flavour, version: s
     # wheel where a later step looks (scripts.ci skips hidden folders).
     with tempfile.TemporaryDirectory(dir=out_dir, prefix=".partial-") as scratch:
         partial = Path(scratch) / name
-        with WheelFile(partial, "w") as whl:
+        with ReproducibleWheel(partial, "w") as whl:
             for inner in sorted(files):
                 whl.write(files[inner], inner)
             for rel, path in licenses.items():
@@ -232,6 +259,7 @@ def _write(out_dir: Path, index: dict, about: dict, flavour: Flavour, version: s
                          metadata(index, about, flavour, version, list(requires), list(licenses)).as_string())
             py = flavour.python_tag
             whl.writestr(f"{whl.dist_info_path}/WHEEL", wheel_info(flavour.build_tag, f"{py}-{py}-{plat}").as_string())
+        partial.chmod(0o644)
         return partial.replace(out_dir / name)
 
 
@@ -240,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("packages", nargs="+", type=Path, help=".conda files or channel directories")
     parser.add_argument("--out", type=Path, default=Path("dist/wheels"))
     parser.add_argument("--local-version", action="store_true",
-                        help="name wheels 1.0.0+cu129torch2.8 so pip can choose by version")
+                        help="version wheels 1.0.0+cu129torch2.8 (build tag kept) so pip can choose by version")
     parser.add_argument("--no-manylinux", action="store_true", help="keep linux_x86_64 even when auditwheel qualifies")
     args = parser.parse_args(argv)
     condas = [p for arg in args.packages for p in (finished(arg, "*.conda") if arg.is_dir() else [arg])]

@@ -23,8 +23,9 @@ def channel(tmp_path_factory):
         v = variant_for_this_python("sageattn3", torch, cuda)
         packages[(torch, cuda)] = (v, conda_package(v, channel, marker=f"cu{cuda}torch{torch}"))
     for torch, cuda in (("2.7.1", "12.9"), ("2.8.0", "12.9"), ("2.10.0", "13.0")):
+        # Like conda-forge's CUDA pytorch, it needs the virtual package __cuda (a driver, or CONDA_OVERRIDE_CUDA).
         stub_conda(channel, "pytorch", torch, f"cuda{cuda.replace('.', '')}_0",
-                   depends=[f"cuda-version >={cuda},<{int(cuda.split('.')[0]) + 1}", f"python {PY}.*"])
+                   depends=["__cuda", f"cuda-version >={cuda},<{int(cuda.split('.')[0]) + 1}", f"python {PY}.*"])
     for cuda in ("12.9", "13.0"):
         stub_conda(channel, "cuda-version", cuda, "h0", constrains=[f"__cuda >={cuda}"], subdir="noarch")
     stub_conda(channel, "python", f"{PY}.0", "h0_cpython")

@@ -1,8 +1,11 @@
 """Throwaway packages for the distribution tests: staged conda packages, stub wheels and fresh venvs."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import re
+import shutil
 import subprocess
 import sys
 import venv
@@ -62,24 +65,54 @@ def stub_conda(channel: Path, name: str, version: str, build: str, depends=(), c
                      output_dir=channel / subdir, files_dir=empty, depends=list(depends), constrains=list(constrains))
 
 
-def stub_wheel(out: Path, name: str, version: str, body: str = "") -> Path:
-    """A pure-Python wheel named `name` (e.g. a stand-in torch that only knows its version)."""
+def stub_wheel(out: Path, name: str, version: str, body: str = "", *, tag: str = "py3-none-any", build: str = "",
+               requires_python: str = "") -> Path:
+    """A wheel named `name` holding one module (e.g. a stand-in torch that only knows its version); `tag`, `build`
+    and `requires_python` make it look like a wheel for one interpreter and torch."""
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{name}-{version}-py3-none-any.whl"
+    path = out / f"{name}-{version}{'-' + build if build else ''}-{tag}.whl"
     meta = Message()
     meta["Metadata-Version"] = "2.1"
     meta["Name"] = name
     meta["Version"] = version
+    if requires_python:
+        meta["Requires-Python"] = requires_python
     info = Message()
     info["Wheel-Version"] = "1.0"
     info["Generator"] = "tests"
-    info["Root-Is-Purelib"] = "true"
-    info["Tag"] = "py3-none-any"
+    info["Root-Is-Purelib"] = str(tag == "py3-none-any").lower()
+    info["Tag"] = tag
+    if build:
+        info["Build"] = build
     with WheelFile(path, "w") as whl:
         whl.writestr(f"{name}/__init__.py", body or f"__version__ = {version!r}\n")
         whl.writestr(f"{name}-{version}.dist-info/METADATA", meta.as_string())
         whl.writestr(f"{name}-{version}.dist-info/WHEEL", info.as_string())
     return path
+
+
+def simple_index(root: Path, wheels: list[Path]) -> Path:
+    """A PEP 503 index of `wheels` in root (a stand-in for PyPI): root/<project>/index.html beside the files."""
+    for wheel in wheels:
+        project = root / wheel.name.split("-")[0].replace("_", "-").lower()
+        project.mkdir(parents=True, exist_ok=True)
+        shutil.copy(wheel, project)
+        links = "".join(f'<a href="{f.name}">{f.name}</a>\n' for f in sorted(project.glob("*.whl")))
+        (project / "index.html").write_text(f"<!DOCTYPE html>\n<html><body>\n{links}</body></html>\n")
+    return root
+
+
+@contextlib.contextmanager
+def http_server(root: Path):
+    """`python -m http.server` serving root on 127.0.0.1 (a free port); yields its URL."""
+    proc = subprocess.Popen([sys.executable, "-u", "-m", "http.server", "0", "--bind", "127.0.0.1", "--directory",
+                             str(root)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        port = re.search(r" port (\d+) ", proc.stdout.readline()).group(1)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
 
 
 def stub_torch(out: Path, version: str, cuda: str | None = "12.9") -> Path:
@@ -102,4 +135,7 @@ def pip(python: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def run_py(python: Path, code: str) -> str:
-    return subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    # Outside the checkout and without PYTHONPATH, so its sources can't stand in for what the venv installed.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return subprocess.run([str(python), "-c", code], capture_output=True, text=True, env=env, cwd=python.parent,
+                          check=True).stdout.strip()

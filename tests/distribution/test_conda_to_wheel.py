@@ -1,6 +1,10 @@
 """The whole chain on a local stand-in channel: assemble .conda → index → solve → install → wheel → pip."""
 import asyncio
+import hashlib
 import json
+import re
+import stat
+import time
 import zipfile
 
 import pytest
@@ -47,6 +51,27 @@ def test_cuda_13_build_needs_a_cuda_13_driver(channel):
     assert picked(solve(channel[0], ["sageattn3", "pytorch 2.10.*"], cuda="13.0")).startswith("cu130torch210")
 
 
+@pytest.mark.parametrize("override", [False, True])
+def test_without_a_driver_the_solve_needs_conda_override_cuda(channel, monkeypatch, override):
+    """rattler reads the driver's CUDA, or CONDA_OVERRIDE_CUDA, as conda, mamba and pixi do (docs/installing.md)."""
+    monkeypatch.delenv("CONDA_OVERRIDE_CUDA", raising=False)
+    if any(p.into_generic().name.normalized == "__cuda" for p in rattler.VirtualPackage.detect()):
+        pytest.skip("this machine has an NVIDIA driver")
+    if override:
+        value = re.search(r"CONDA_OVERRIDE_CUDA=(\S+) conda install", (ROOT / "docs/installing.md").read_text()).group(1)
+        monkeypatch.setenv("CONDA_OVERRIDE_CUDA", value)
+    virtual = rattler.VirtualPackage.detect(rattler.VirtualPackageOverrides.from_env())
+
+    def solve_for_torch_28():
+        return asyncio.run(rattler.solve([rattler.Channel(channel[0].as_uri())], ["sageattn3", "pytorch 2.8.*"],
+                                         platforms=["linux-64", "noarch"], virtual_packages=virtual))
+    if override:
+        assert picked(solve_for_torch_28()).startswith("cu129torch28py")
+    else:
+        with pytest.raises(Exception, match="__cuda"):
+            solve_for_torch_28()
+
+
 def test_install_export_and_pip_install(channel, stubs, tmp_path):
     records = solve(channel[0], ["sageattn3", "pytorch 2.8.*"], cuda="12.9")
     prefix = tmp_path / "prefix"
@@ -83,6 +108,26 @@ def test_plain_platform_tag_and_local_version_options(channel, tmp_path):
     wheel = export(conda, tmp_path, local_version=True, manylinux=False)
     tag = PY.replace(".", "")
     assert wheel.name == f"sageattn3-1.0.0+cu129torch2.7-270.129-cp{tag}-cp{tag}-linux_x86_64.whl"
+
+
+def test_the_same_package_exports_to_the_same_bytes(channel, tmp_path, monkeypatch):
+    conda = channel[1][("2.8", "12.9")][1]
+    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
+    first = export(conda, tmp_path / "first")
+    later = time.time() + 86400  # a day later: neither the clock nor the extracted files' times may reach the wheel
+    monkeypatch.setattr(time, "time", lambda: later)
+    second = export(conda, tmp_path / "second")
+    assert first.name == second.name
+    assert hashlib.sha256(first.read_bytes()).hexdigest() == hashlib.sha256(second.read_bytes()).hexdigest()
+    assert stat.S_IMODE(first.stat().st_mode) == 0o644
+    with zipfile.ZipFile(first) as zf:
+        entries = zf.infolist()
+    assert {e.date_time for e in entries} == {(1980, 1, 1, 0, 0, 0)}
+    assert {e.filename: e.external_attr >> 16 & 0o777 for e in entries if "/_probe" in e.filename or
+            e.filename.endswith("__init__.py")} == {"sageattn3/_probe.so": 0o755, "sageattn3/__init__.py": 0o644}
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    with zipfile.ZipFile(export(conda, tmp_path / "epoch")) as zf:
+        assert {e.date_time for e in zf.infolist()} == {time.gmtime(1700000000)[:6]}
 
 
 def test_prefix_placeholders_are_refused(tmp_path):
