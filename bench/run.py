@@ -23,7 +23,8 @@ from torch.nn.attention import SDPBackend
 import sageattention
 from sageattention import dispatch, forward
 from bench.workloads import attention_tops, pinned, sageattn_on_triton, sdpa_call
-from sageattention.core import ACC_TWO_LEVEL, GRAN_CODE, sageattn_plan
+from sageattention.compiled_call import CompiledCall, Granularity, PvAccum
+from sageattention.core import sageattn_plan
 from sageattention.plan import Plan
 from sageattention.triton import attention, pipeline
 
@@ -57,8 +58,9 @@ def compiled_call(family: str, q, k, v, causal: bool):
         mod = dispatch.compiled_module(family)
         if mod is None or not mod.runs_on_current_device():
             raise RuntimeError(f"sageattention._C_{family} is not built for this GPU")
-        return forward.compiled(q, k, v, False, causal, 0, q.shape[-1] ** -0.5, family, GRAN_CODE["per_thread"],
-                                ACC_TWO_LEVEL, True, False, False)
+        return forward.compiled(q, k, v, CompiledCall(family, False, causal, 0, q.shape[-1] ** -0.5,
+                                                      Granularity.PER_THREAD, PvAccum.ACC_TWO_LEVEL, True, False,
+                                                      False))
 
     return call
 

@@ -1,11 +1,13 @@
 """torch.library registration: one custom op per entry point, with fake (meta) implementations,
 so `torch.compile(fullgraph=True)` traces through sageattention without a graph break, and with backward
 formulas (the gradient of exact attention: sageattention/backward.py)."""
+import typing
 from typing import Optional
 
 import torch
 
 from . import backward, forward, inputs
+from .compiled_call import CompiledCall
 from .inputs import to_hnd
 from .plan import Plan
 
@@ -58,25 +60,29 @@ def _attention_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, is
     return torch.empty(q.shape, dtype=q.dtype, device=q.device)
 
 
-def _compiled_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, nhd: bool, is_causal: bool, causal_offset: int,
-    sm_scale: float, family: str, qk_gran: int, pv_accum: int, smooth_k: bool, smooth_v: bool, return_lse: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return forward.compiled(q, k, v, nhd, is_causal, causal_offset, sm_scale, family, qk_gran, pv_accum, smooth_k,
-                            smooth_v, return_lse)
+def _schema(fields: type) -> str:
+    """The op schema of (q, k, v, *fields) -> (out, lse), from the NamedTuple's field types."""
+    types = {bool: "bool", int: "int", float: "float", str: "str"}
+    args = ", ".join(f"{next(t for base, t in types.items() if issubclass(kind, base))} {name}"
+                     for name, kind in typing.get_type_hints(fields).items())
+    return f"(Tensor q, Tensor k, Tensor v, {args}) -> (Tensor, Tensor)"
+
+
+def _compiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *call) -> tuple[torch.Tensor, torch.Tensor]:
+    return forward.compiled(q, k, v, CompiledCall(*call))
 
 
 compiled_attention = torch.library.custom_op("sageattention::compiled_attention", _compiled_attention,
-                                             mutates_args=())
+                                             mutates_args=(), schema=_schema(CompiledCall))
 
 
 @compiled_attention.register_fake
-def _compiled_attention_fake(q, k, v, nhd, is_causal, causal_offset, sm_scale, family, qk_gran, pv_accum, smooth_k,
-                             smooth_v, return_lse):
+def _compiled_attention_fake(q, k, v, *call):
+    call = CompiledCall(*call)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # contiguous in the caller's layout, like the kernel
-    if not return_lse:
+    if not call.return_lse:
         return out, q.new_empty((0,), dtype=torch.float32)
-    b, h, n, _ = to_hnd(q, "NHD" if nhd else "HND").shape
+    b, h, n, _ = to_hnd(q, "NHD" if call.nhd else "HND").shape
     return out, q.new_empty((b, h, n), dtype=torch.float32)
 
 
@@ -95,9 +101,9 @@ def _attention_backward(ctx, grad_out, grad_lse):
 
 def _compiled_attention_backward(ctx, grad_out, grad_lse):
     q, k, v = ctx.saved_tensors
-    nhd, is_causal, causal_offset, sm_scale = ctx.args[:4]
-    grads = backward.dense_backward(grad_out, grad_lse, q, k, v, None, "NHD" if nhd else "HND", is_causal,
-                                    causal_offset, sm_scale)
+    call = CompiledCall(*ctx.args)
+    grads = backward.dense_backward(grad_out, grad_lse, q, k, v, None, "NHD" if call.nhd else "HND", call.is_causal,
+                                    call.causal_offset, call.sm_scale)
     return *grads, *(None,) * len(ctx.args)
 
 
@@ -127,8 +133,8 @@ def run_attention(*args):
     return call(attention, _attention, *args)
 
 
-def run_compiled_attention(*args):
-    return call(compiled_attention, _compiled_attention, *args)
+def run_compiled_attention(q, k, v, compiled_call: CompiledCall):
+    return call(compiled_attention, _compiled_attention, q, k, v, *compiled_call)
 
 
 def run_attention_varlen(*args):
