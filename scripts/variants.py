@@ -57,10 +57,11 @@ class Variant:
     toolchain: dict = field(compare=False, hash=False)
     wheel_platform: str = ""
     arch_tag: str = ""  # set by with_arch_list: built for other archs than cuda_arch_list
+    arch_list: str = ""  # set by with_arch_list: the caller's TORCH_CUDA_ARCH_LIST
 
     def with_arch_list(self, arch_list: str | None) -> Variant:
-        """This variant built with TORCH_CUDA_ARCH_LIST=arch_list, named as the recipes name such a build."""
-        return replace(self, arch_tag=arch_tag(arch_list, self.cuda_arch_list))
+        """This variant built with TORCH_CUDA_ARCH_LIST=arch_list (None or empty: its own list), and named so."""
+        return replace(self, arch_tag=arch_tag(arch_list, self.cuda_arch_list), arch_list=(arch_list or "").strip())
 
     @property
     def torch(self) -> str:
@@ -99,7 +100,9 @@ class Variant:
             "pytorch": self.torch,
             "cuda_compiler": self.toolchain["cuda_compiler"],
             "cuda_compiler_version": self.cuda,
-            "cuda_arch_list": self.cuda_arch_list,
+            # what the build compiles for, and what its build string records of that (wheel_names.arch_tag)
+            "cuda_arch_list": self.arch_list or self.cuda_arch_list,
+            "arch_tag": f"sm{self.arch_tag}" if self.arch_tag else "",
             "package_version": self.version,
             **{k: v for k, v in self.toolchain.items() if k != "cuda_compiler"},
         }
