@@ -143,11 +143,11 @@ def _prepare(fn_name, q, k, v, *, tensor_layout, is_causal, sm_scale, qk_quant_g
             out, lse = ops.run_compiled_attention(q, k, v, call)
             return (out, lse) if return_lse else out
     else:
-        args = (mask, tensor_layout, is_causal, causal_offset, scale, *plan.fields(), return_lse,
-                fn_name if kernels == "compiled" else "")
+        call = ops.TritonCall(mask, tensor_layout, is_causal, causal_offset, scale, *plan.fields(), return_lse,
+                              fn_name if kernels == "compiled" else "")
 
         def run(q, k, v):
-            out, lse = ops.run_attention(q, k, v, *args)
+            out, lse = ops.run_attention(q, k, v, call)
             return (out, lse) if return_lse else out
     return run, backend, detail
 

@@ -12,26 +12,60 @@ from .inputs import to_hnd
 from .plan import Plan
 
 
-def _attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Optional[torch.Tensor], tensor_layout: str,
-    is_causal: bool, causal_offset: int, sm_scale: float, qk_quant_gran: str, pv_fp8: bool, pv_two_level: bool,
-    pv_inner_fp16: bool, smooth_k: bool, smooth_v: bool, return_lse: bool, cuda_variant: str,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    forward.note_cuda_fallback(cuda_variant, q.device, pv_fp8)
-    plan = Plan(qk_quant_gran, pv_fp8, pv_two_level, pv_inner_fp16, smooth_k, smooth_v)
-    return forward.dense(q, k, v, attn_mask, tensor_layout, is_causal, causal_offset, sm_scale, plan, return_lse)
+class TritonCall(typing.NamedTuple):
+    """Everything but q, k, v that the Triton path's op takes; the field types give its schema (the compiled kernels'
+    op takes compiled_call.CompiledCall)."""
+
+    attn_mask: Optional[torch.Tensor]
+    tensor_layout: str
+    is_causal: bool
+    causal_offset: int
+    sm_scale: float
+    qk_quant_gran: str  # then the rest of Plan's fields, in its order
+    pv_fp8: bool
+    pv_two_level: bool
+    pv_inner_fp16: bool
+    smooth_k: bool
+    smooth_v: bool
+    return_lse: bool
+    cuda_variant: str  # the `_cuda` variant that runs on Triton here ("" for others): it warns once
+
+    @property
+    def plan(self) -> Plan:
+        return Plan(*self[5:11])
 
 
-attention = torch.library.custom_op("sageattention::attention", _attention, mutates_args=())
+def _schema(fields: type) -> str:
+    """The op schema of (q, k, v, *fields) -> (out, lse), from the NamedTuple's field types."""
+    types = {bool: "bool", int: "int", float: "float", str: "str", torch.Tensor: "Tensor"}
+    hints = typing.get_type_hints(fields)
+
+    def schema_type(kind) -> str:
+        if typing.get_origin(kind) is typing.Union:  # Optional[X]
+            return schema_type(next(t for t in typing.get_args(kind) if t is not type(None))) + "?"
+        return next(t for base, t in types.items() if issubclass(kind, base))
+
+    args = ", ".join(f"{schema_type(kind)} {name}" for name, kind in hints.items())
+    return f"(Tensor q, Tensor k, Tensor v, {args}) -> (Tensor, Tensor)"
+
+
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *call) -> tuple[torch.Tensor, torch.Tensor]:
+    call = TritonCall(*call)
+    forward.note_cuda_fallback(call.cuda_variant, q.device, call.pv_fp8)
+    return forward.dense(q, k, v, call.attn_mask, call.tensor_layout, call.is_causal, call.causal_offset,
+                         call.sm_scale, call.plan, call.return_lse)
+
+
+attention = torch.library.custom_op("sageattention::attention", _attention, mutates_args=(), schema=_schema(TritonCall))
 
 
 @attention.register_fake
-def _attention_fake(q, k, v, attn_mask, tensor_layout, is_causal, causal_offset, sm_scale, qk_quant_gran, pv_fp8,
-                    pv_two_level, pv_inner_fp16, smooth_k, smooth_v, return_lse, cuda_variant):
+def _attention_fake(q, k, v, *call):
+    call = TritonCall(*call)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    if not return_lse:
+    if not call.return_lse:
         return out, q.new_empty((0,), dtype=torch.float32)
-    b, h, n, _ = to_hnd(q, tensor_layout).shape
+    b, h, n, _ = to_hnd(q, call.tensor_layout).shape
     return out, q.new_empty((b, h, n), dtype=torch.float32)
 
 
@@ -60,14 +94,6 @@ def _attention_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, is
     return torch.empty(q.shape, dtype=q.dtype, device=q.device)
 
 
-def _schema(fields: type) -> str:
-    """The op schema of (q, k, v, *fields) -> (out, lse), from the NamedTuple's field types."""
-    types = {bool: "bool", int: "int", float: "float", str: "str"}
-    args = ", ".join(f"{next(t for base, t in types.items() if issubclass(kind, base))} {name}"
-                     for name, kind in typing.get_type_hints(fields).items())
-    return f"(Tensor q, Tensor k, Tensor v, {args}) -> (Tensor, Tensor)"
-
-
 def _compiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *call) -> tuple[torch.Tensor, torch.Tensor]:
     return forward.compiled(q, k, v, CompiledCall(*call))
 
@@ -93,9 +119,9 @@ def _save_inputs(ctx, inputs, output):
 
 def _attention_backward(ctx, grad_out, grad_lse):
     q, k, v = ctx.saved_tensors
-    attn_mask, tensor_layout, is_causal, causal_offset, sm_scale = ctx.args[:5]
-    grads = backward.dense_backward(grad_out, grad_lse, q, k, v, attn_mask, tensor_layout, is_causal, causal_offset,
-                                    sm_scale)
+    call = TritonCall(*ctx.args)
+    grads = backward.dense_backward(grad_out, grad_lse, q, k, v, call.attn_mask, call.tensor_layout, call.is_causal,
+                                    call.causal_offset, call.sm_scale)
     return *grads, *(None,) * len(ctx.args)
 
 
@@ -129,8 +155,8 @@ def call(op, impl, *args):
     return impl(*args)
 
 
-def run_attention(*args):
-    return call(attention, _attention, *args)
+def run_attention(q, k, v, triton_call: TritonCall):
+    return call(attention, _attention, q, k, v, *triton_call)
 
 
 def run_compiled_attention(q, k, v, compiled_call: CompiledCall):

@@ -9,6 +9,7 @@ import torch
 
 from sageattention import compiled_call, forward, ops
 from sageattention.compiled_call import CompiledCall, Granularity, PvAccum, VMode
+from sageattention.plan import Plan
 
 CSRC = Path(__file__).resolve().parents[2] / "csrc" / "common"
 
@@ -69,3 +70,12 @@ def test_the_call_reaches_the_module_through_the_op_and_a_compiled_graph(monkeyp
     out, lse = torch.compile(lambda q, k, v: ops.run_compiled_attention(q, k, v, call), fullgraph=True)(q, k, k)
     assert torch.equal(out, q * 2) and lse.shape == (1, 2, 8)
     assert seen[-1] == call.kernel_args() == (False, True, 0, 0.25, 2, 1, True, False, True)
+
+
+def test_triton_op_schema_is_made_from_its_fields_and_carries_the_plan():
+    schema = ops.attention._opoverload._schema
+    assert [a.name for a in schema.arguments] == ["q", "k", "v", *ops.TritonCall._fields]
+    assert str(schema.arguments[3].type) == "Optional[Tensor]"
+    plan = Plan("per_warp", True, True, False, True, False)
+    call = ops.TritonCall(None, "HND", False, 0, 1.0, *plan.fields(), False, "")
+    assert call.plan == plan

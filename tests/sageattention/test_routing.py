@@ -207,7 +207,7 @@ def test_masks_are_never_kept(gpu, monkeypatch):
     """A call with an attn_mask is decided anew each time: a kept run would hold (and reuse) a stale mask."""
     gpu((8, 9))
     masks = []
-    monkeypatch.setattr(core.ops, "run_attention", lambda q, k, v, mask, *a: masks.append(mask) or (q, None))
+    monkeypatch.setattr(core.ops, "run_attention", lambda q, k, v, call: masks.append(call.attn_mask) or (q, None))
     q, k, v = qkv()
     first, second = (torch.rand(256, 256, device=DEVICE) > p for p in (0.2, 0.7))
     sa.sageattn(q, k, v, attn_mask=first)
