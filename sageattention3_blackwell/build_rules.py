@@ -1,42 +1,39 @@
-"""Build rules for the sageattn3 CUDA extension, kept free of torch so tests can import them."""
+"""Build rules of sageattn3's CUDA extension, torch-free so CPU tests import them (setup.py applies them).
+
+One module, `sageattn3._C`, compiled for the archs of TORCH_CUDA_ARCH_LIST as the arch-specific targets that the
+FP4 instructions need (sageattn3/archs.py), by an nvcc of at least archs.MIN_CUDA.
+"""
 from __future__ import annotations
 
-import re
+from pathlib import Path
 
-MIN_CUDA = (12, 8)
-CUDA_TOO_OLD = "Sage3 is only supported on CUDA 12.8 and above"
-# TORCH_CUDA_ARCH_LIST entry -> the arch-specific target the FP4 instructions need.
-ARCHS = {"10.0": "100a", "12.0": "120a", "12.1": "121a"}
-DEFAULT_ARCH_LIST = "10.0;12.0"
+import build_support as support
+from build_support import BuildConfigError, Extension, Target
+
+ROOT = Path(__file__).resolve().parent
+# By path: importing the package would import torch, which an isolated build lacks.
+archs = support.load_by_path(ROOT / "sageattn3" / "archs.py", "_sageattn3_archs")
 SOURCES = ["csrc/bindings.cpp", "csrc/quantize.cu", "csrc/attention_sm120.cu", "csrc/attention_sm100.cu"]
+CUDA_TOO_OLD = f"Sage3 is only supported on CUDA {archs.MIN_CUDA} and above"
 
 
-def parse_nvcc_version(output: str) -> tuple:
-    match = re.search(r"release (\d+)\.(\d+)", output)
-    if not match:
-        raise RuntimeError(f"cannot read the CUDA version from nvcc --version:\n{output}")
-    return int(match.group(1)), int(match.group(2))
+def check_cuda_version(version: tuple[int, int]) -> None:
+    if tuple(version) < tuple(int(n) for n in archs.MIN_CUDA.split(".")):
+        raise BuildConfigError(CUDA_TOO_OLD)
 
 
-def check_cuda_version(version: tuple) -> None:
-    if tuple(version) < MIN_CUDA:
-        raise RuntimeError(CUDA_TOO_OLD)
+def targets(arch_list: str) -> list[Target]:
+    """TORCH_CUDA_ARCH_LIST -> the arch-specific targets, whatever suffix or +PTX the list gives, without repeats."""
+    chosen = [Target(t.arch, archs.ARCH_SUFFIX) for t in support.parse_arch_list(arch_list, archs.ARCH_KERNEL,
+                                                                                 "sageattn3")]
+    return list(dict.fromkeys(chosen))
 
 
-def gencode_flags(arch_list: str | None) -> list:
-    """TORCH_CUDA_ARCH_LIST ("10.0;12.0", "10.0a 12.0a", "12.0+PTX", ...) -> nvcc -gencode flags."""
-    flags = []
-    for entry in re.split(r"[;\s,]+", (arch_list or DEFAULT_ARCH_LIST).strip()):
-        if not entry:
-            continue
-        base = entry.removesuffix("+PTX").removesuffix("a")
-        if base not in ARCHS:
-            raise ValueError(f"TORCH_CUDA_ARCH_LIST entry {entry!r} is not a Blackwell FP4 target; "
-                             f"sageattn3 builds for {', '.join(ARCHS)} (also written with an 'a' suffix)")
-        sm = ARCHS[base]
-        flag = f"-gencode=arch=compute_{sm},code=sm_{sm}"
-        if flag not in flags:
-            flags.append(flag)
-    if not flags:
-        raise ValueError("TORCH_CUDA_ARCH_LIST names no architecture")
-    return flags
+def plan(arch_list: str | None, nvcc_version_output: str, nvcc_arch_output: str) -> list[Extension]:
+    """The extension for TORCH_CUDA_ARCH_LIST (None or empty: every arch of archs.py that nvcc supports)."""
+    nvcc = support.parse_nvcc_version(nvcc_version_output)
+    check_cuda_version(nvcc)
+    nvcc_archs = support.parse_nvcc_archs(nvcc_arch_output)
+    chosen = targets(arch_list or support.default_arch_list(archs.ARCH_KERNEL, nvcc_archs))
+    support.check_nvcc_archs(chosen, nvcc, nvcc_archs)
+    return [Extension("sageattn3._C", SOURCES, ["-O3", *(flag for t in chosen for flag in t.gencode())])]
