@@ -77,7 +77,7 @@ def _route(fn_name, device, cap, plan, *, b, hq, nq, nk, d, is_causal, causal_of
     """Which kernels run a call: ("sdpa", why), ("compiled", family) or ("triton", why). kernels, what the entry point
     may run: "auto" (sageattn: SDPA for small problems, else the compiled kernels where built and archs.py prefers
     them, unless they run slower than SDPA at that length, else Triton), "compiled" (the `_cuda` variants: the
-    compiled kernels wherever built) or "triton" (the `_triton` variant, and sageattn pinned to Triton by bench/)."""
+    compiled kernels wherever built) or "triton" (the `_triton` variant, and sageattn pinned to Triton by sageattention.bench)."""
     if kernels == "auto":
         why = fallback.sdpa_reason(b, hq, nq, nk, d, is_causal=is_causal, causal_offset=causal_offset, masked=masked,
                                    return_lse=return_lse)
@@ -218,7 +218,7 @@ def sageattn(q, k, v, tensor_layout="HND", is_causal=False, sm_scale=None, retur
 
 
 def _sageattn(q, k, v, tensor_layout, is_causal, sm_scale, return_lse, kwargs, kernels="auto"):
-    """sageattn's `_prepare`; kernels="triton" pins it to the Triton kernels (bench/)."""
+    """sageattn's `_prepare`; kernels="triton" pins it to the Triton kernels (sageattention.bench)."""
     inputs.check_kwargs("sageattn", kwargs, SAGEATTN_KWARGS)
     _check_quant_backend(kwargs.get("quantization_backend", "triton"))
     return _prepare(
