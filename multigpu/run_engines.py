@@ -126,8 +126,9 @@ def error_text(e: Exception) -> str:
     return f"{type(e).__name__}: {e}".splitlines()[0][:400]
 
 
-def accuracy(env: Env, row: dict, fn, layout: str, qkv, ref: torch.Tensor) -> None:
-    """Runs fn on this rank's slices and records cos / rel_l1 of the gathered output against ref (or the error)."""
+def accuracy(env: Env, row: dict, fn, layout: str, qkv, ref: torch.Tensor) -> bool:
+    """Runs fn on this rank's slices and records cos / rel_l1 of the gathered output against ref (or the error);
+    whether it ran."""
     try:
         with torch.no_grad():
             out = fn(*(local(env, x, layout) for x in qkv))
@@ -135,6 +136,7 @@ def accuracy(env: Env, row: dict, fn, layout: str, qkv, ref: torch.Tensor) -> No
     except Exception as e:  # an engine or kernel refusing the call: recorded, the run goes on
         row["error"] = error_text(e)
     env.record("accuracy", row)
+    return "error" not in row
 
 
 def ms_per_call(env: Env, fn, args, calls: int, everyone: bool = True) -> float:
@@ -154,8 +156,8 @@ def ms_per_call(env: Env, fn, args, calls: int, everyone: bool = True) -> float:
     return ms.item()
 
 
-def bench(env: Env, row: dict, fn, layout: str, qkv, ref: torch.Tensor) -> None:
-    """ms per engine call over this rank's slices, and the gathered output against ref."""
+def bench(env: Env, row: dict, fn, layout: str, qkv, ref: torch.Tensor) -> bool:
+    """ms per engine call over this rank's slices, and the gathered output against ref; whether it ran."""
     try:
         args = [local(env, x, layout) for x in qkv]
         row["ms"] = ms_per_call(env, fn, args, calls=3 if env.quick else 10)
@@ -164,6 +166,7 @@ def bench(env: Env, row: dict, fn, layout: str, qkv, ref: torch.Tensor) -> None:
     except Exception as e:
         row["error"] = error_text(e)
     env.record("bench", row)
+    return "error" not in row
 
 
 def cudnn_sdpa(q, k, v, is_causal=False):
@@ -274,24 +277,31 @@ def para_attn(env: Env):
 
 # ---------------------------------------------------------------- runs
 
-def run_engine(env: Env, name: str, acc: dict, wan: dict, wan_qkv, wan_ref) -> None:
+def run_mode(env: Env, name: str, mode: str, layout: str, kernels, acc: dict, wan: dict, wan_qkv, wan_ref) -> None:
+    """One engine mode's accuracy cases, then its Wan timing. A failed ring step ends the mode: the transfers it had
+    started to the next rank may be left unmatched, for the mode's later calls to receive."""
+    ring_failed = dict(engine=name, mode=mode, error="a ring step failed: this mode's remaining cases are skipped")
+    for causal in (False, True):
+        for gqa in (False, True):
+            hk = GQA_KV_HEADS if gqa else acc["hq"]
+            qkv = full_qkv(env, acc, hk, seed=1 + causal + 2 * gqa)
+            ref = F.scaled_dot_product_attention(*(x.float() for x in qkv), is_causal=causal, enable_gqa=gqa)
+            for kernel, fn in kernels(causal, gqa).items():
+                row = dict(engine=name, mode=mode, layout=layout, kernel=kernel, causal=causal, hq=acc["hq"], hk=hk,
+                           s=acc["s"], d=acc["d"])
+                if not accuracy(env, row, fn, layout, qkv, ref) and mode.startswith("ring"):
+                    return env.record("accuracy", ring_failed)
+    for kernel, fn in kernels(False, False).items() if wan_qkv is not None else ():
+        if kernel in BENCH_KERNELS:
+            row = dict(engine=name, mode=mode, layout=layout, kernel=kernel, causal=False, **wan,
+                       ref="cuDNN SDPA, 1 GPU")
+            if not bench(env, row, fn, layout, wan_qkv, wan_ref) and mode.startswith("ring"):
+                return env.record("bench", ring_failed)
+
+
+def run_engine(env: Env, name: str, *args) -> None:
     for mode, layout, kernels in {"xdit": xdit, "yunchang": yunchang, "para_attn": para_attn}[name](env):
-        for causal in (False, True):
-            for gqa in (False, True):
-                hk = GQA_KV_HEADS if gqa else acc["hq"]
-                qkv = full_qkv(env, acc, hk, seed=1 + causal + 2 * gqa)
-                ref = F.scaled_dot_product_attention(*(x.float() for x in qkv), is_causal=causal, enable_gqa=gqa)
-                for kernel, fn in kernels(causal, gqa).items():
-                    row = dict(engine=name, mode=mode, layout=layout, kernel=kernel, causal=causal, hq=acc["hq"],
-                               hk=hk, s=acc["s"], d=acc["d"])
-                    accuracy(env, row, fn, layout, qkv, ref)
-        if wan_qkv is not None:
-            for kernel, fn in kernels(False, False).items():
-                if kernel not in BENCH_KERNELS:
-                    continue
-                row = dict(engine=name, mode=mode, layout=layout, kernel=kernel, causal=False, **wan,
-                           ref="cuDNN SDPA, 1 GPU")
-                bench(env, row, fn, layout, wan_qkv, wan_ref)
+        run_mode(env, name, mode, layout, kernels, *args)
 
 
 def single_gpu(env: Env, wan: dict, wan_qkv) -> None:
