@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The multi-GPU run on one host of N GPUs (default 2), after the compiled kernels are built in place (bench/device_run.sh
-# builds them). The engines and the packages they import that a torch image lacks travel as wheels in .whl/
-# (multigpu/fetch_wheels.sh fetches them): they are unpacked into a folder on PYTHONPATH, no pip and no network needed.
+# The multi-GPU run on one host of N GPUs (default 2), after the compiled kernels are built in place
+# (sageattention/bench/device_run.sh builds them). The engines and the packages they import that a torch image lacks
+# travel as wheels in .whl/ (multigpu/fetch_wheels.sh fetches them): they are unpacked into a folder on PYTHONPATH, no
+# pip and no network needed.
 # Writes $OUT/multigpu.json (multigpu/run_engines.py), $OUT/merge_tests.log and $OUT/engines.log.
 # usage: bash multigpu/run.sh [run_engines.py args...]
 set -o pipefail
