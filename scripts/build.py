@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -89,7 +90,7 @@ def summary(outcomes: list[Outcome]) -> Table:
     for o in outcomes:
         where = o.package.name if o.package else str(o.log)
         table.add_row(o.variant.name, "ok" if o.ok else f"FAILED ({o.note})", f"{o.seconds:.0f}s", where,
-                      o.wheel.name if o.wheel else "")
+                      o.wheel.name if o.wheel else o.note)
     return table
 
 
@@ -104,7 +105,9 @@ def markdown(outcomes: list[Outcome], package: str, profile: str) -> str:
 
 
 def current_platform() -> str:
-    return "win-64" if sys.platform == "win32" else "linux-64"
+    if sys.platform == "win32":
+        return "win-64"
+    return "linux-aarch64" if platform.machine() in ("aarch64", "arm64") else "linux-64"
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
@@ -132,7 +135,9 @@ def run(args: argparse.Namespace, console: Console) -> int:
     asyncio.run(index_fs(args.output))
     if not args.no_wheels:
         for o in outcomes:
-            if o.ok:
+            if o.ok and o.variant.no_wheel:
+                o.note = o.variant.no_wheel
+            elif o.ok:
                 try:
                     o.wheel = export(o.package, args.wheels)
                 except ExportError as exc:

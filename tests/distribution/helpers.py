@@ -82,9 +82,10 @@ def stub_wheel(out: Path, name: str, version: str, body: str = "") -> Path:
     return path
 
 
-def stub_torch(out: Path, version: str, cuda: str | None = "12.9") -> Path:
-    """A stand-in torch wheel that knows its version and CUDA line (torch.version.cuda; None: a CPU build)."""
-    return stub_wheel(out, "torch", version, f"__version__ = {version!r}\n\n\nclass version:\n    cuda = {cuda!r}\n")
+def stub_torch(out: Path, version: str, cuda: str | None = "12.9", cxx11_abi: bool = True) -> Path:
+    """A stand-in torch wheel that knows its version, CUDA line (torch.version.cuda; None: a CPU build) and C++ ABI."""
+    return stub_wheel(out, "torch", version, f"__version__ = {version!r}\n\n\nclass version:\n    cuda = {cuda!r}\n\n\n"
+                      f"def compiled_with_cxx11_abi():\n    return {cxx11_abi!r}\n")
 
 
 def fresh_venv(where: Path) -> Path:

@@ -8,6 +8,7 @@ is the other way round.
 """
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import subprocess
 import sys
@@ -15,8 +16,6 @@ from email.message import Message
 from pathlib import Path
 
 import pytest
-import torch
-from torch.utils.cpp_extension import include_paths
 from wheel.wheelfile import WheelFile
 
 from scripts import symbol_check
@@ -34,17 +33,27 @@ NEW_ABI_CHECK_FAIL = "_ZN3c106detail14torchCheckFailEPKcS2_jRKNSt7__cxx1112basic
 
 
 @pytest.fixture(scope="module")
-def probes(tmp_path_factory):
+def installed_torch():
+    """The installed torch's folder (its headers and libraries; found, not imported: tooling tests run without it)."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("needs an installed torch for its headers and libraries")
+    return Path(spec.submodule_search_locations[0])
+
+
+@pytest.fixture(scope="module")
+def probes(installed_torch, tmp_path_factory):
     """abi (1: C++11, 0: pre-C++11) -> the compiled probe module."""
     if shutil.which("g++") is None:
         pytest.skip("needs g++ to compile the probe extension")
+    include = installed_torch / "include"
     out = tmp_path_factory.mktemp("probe")
     (out / "probe.cpp").write_text(SOURCE)
     built = {}
     for abi in (1, 0):
         built[abi] = out / f"probe_abi{abi}.so"
         subprocess.run(["g++", "-shared", "-fPIC", "-O1", "-std=c++17", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-                        *(f"-I{p}" for p in include_paths()), str(out / "probe.cpp"), "-o", str(built[abi])],
+                        f"-I{include}", str(out / "probe.cpp"), "-o", str(built[abi])],
                        check=True)
     return built
 
@@ -56,10 +65,9 @@ def torch26():
 
 
 @pytest.fixture(scope="module")
-def installed_exports():
-    lib = Path(torch.__file__).parent / "lib"
-    return {s for path in lib.glob("lib*.so*") if symbol_check.TORCH_LIBRARY.match(f"torch/lib/{path.name}")
-            for s in symbol_check.exported_symbols(path)}
+def installed_exports(installed_torch):
+    return {s for path in (installed_torch / "lib").glob("lib*.so*")
+            if symbol_check.TORCH_LIBRARY.match(f"torch/lib/{path.name}") for s in symbol_check.exported_symbols(path)}
 
 
 def test_the_probe_needs_torchs_check_failure_function(probes):
@@ -70,13 +78,13 @@ def test_the_probe_needs_torchs_check_failure_function(probes):
 
 
 def test_a_cxx11_abi_module_fails_against_pypi_torch_26(probes, torch26):
-    assert torch.compiled_with_cxx11_abi()  # the installed torch, whose headers built the probe
     missing = symbol_check.missing_symbols({"probe.so": probes[1]}, symbol_check.torch_exports(torch26))
     assert missing == {"probe.so": [NEW_ABI_CHECK_FAIL]}
     assert symbol_check.missing_symbols({"probe.so": probes[0]}, symbol_check.torch_exports(torch26)) == {}
 
 
 def test_a_cxx11_abi_module_passes_against_a_cxx11_abi_torch(probes, installed_exports):
+    assert NEW_ABI_CHECK_FAIL in installed_exports  # the installed torch has the C++11 ABI
     assert symbol_check.missing_symbols({"probe.so": probes[1]}, installed_exports) == {}
     assert list(symbol_check.missing_symbols({"probe.so": probes[0]}, installed_exports)) == ["probe.so"]
 
