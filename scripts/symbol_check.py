@@ -157,9 +157,13 @@ def demangle(symbols: list[str]) -> list[str]:
                           check=True).stdout.splitlines()
 
 
-def check_wheel(wheel: Path, torch_wheel: Path | None = None, cache: Path = CACHE) -> tuple[Path, dict]:
-    """(the torch wheel checked against, missing_symbols of the wheel's ELF extension modules)."""
-    torch_wheel = torch_wheel or fetch_torch(*wheel_target(wheel), cache)
+def check_wheel(wheel: Path, torch_wheel: Path | None = None, cache: Path = CACHE,
+                torch_version: str | None = None) -> tuple[Path, dict]:
+    """(the torch wheel checked against, missing_symbols of the wheel's ELF extension modules). The torch wheel is
+    `torch_wheel`, else PyPI's torch==torch_version, else the one the wheel's Requires-Dist names."""
+    if torch_wheel is None:
+        requirement, python, cpu = wheel_target(wheel)
+        torch_wheel = fetch_torch(f"torch=={torch_version}" if torch_version else requirement, python, cpu, cache)
     with tempfile.TemporaryDirectory(prefix="sage-symbols-") as tmp:
         modules = {str(p.relative_to(tmp)): p for p in extract(wheel, lambda n: n.endswith(".so"), Path(tmp))}
         return torch_wheel, missing_symbols(modules, torch_exports(torch_wheel))
@@ -170,24 +174,32 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("wheels", nargs="+", type=Path)
     parser.add_argument("--torch-wheel", type=Path, help="check against this torch wheel instead of PyPI's")
+    parser.add_argument("--torch", action="append", metavar="VERSION",
+                        help="check against PyPI's torch==VERSION instead of the one the wheel requires "
+                        "(repeatable: a stable-ABI wheel against its oldest and newest torch)")
     parser.add_argument("--cache", type=Path, default=CACHE, help="torch wheels and their export lists")
     args = parser.parse_args(argv)
     status = 0
     for wheel in args.wheels:
-        try:
-            torch_wheel, missing = check_wheel(wheel, args.torch_wheel, args.cache)
-        except (SymbolCheckError, OSError, ValueError, zipfile.BadZipFile) as exc:
-            print(f"error: {wheel.name}: {exc}", file=sys.stderr)
-            status = 2
-            continue
-        if not missing:
-            print(f"{wheel.name}: every torch symbol it needs is exported by {torch_wheel.name}")
-        for module, symbols in missing.items():
-            status = max(status, 1)
-            print(f"error: {wheel.name}: {module} needs {len(symbols)} torch symbols that {torch_wheel.name} does not "
-                  "export (a different torch, or its other C++ string ABI):", file=sys.stderr)
-            print("\n".join(f"  {name}" for name in demangle(symbols)), file=sys.stderr)
+        for version in args.torch or [None]:
+            status = max(status, _report(wheel, args.torch_wheel, args.cache, version))
     return status
+
+
+def _report(wheel: Path, torch_wheel: Path | None, cache: Path, version: str | None) -> int:
+    """Check one wheel against one torch and print the outcome; returns main's exit status for it."""
+    try:
+        torch_wheel, missing = check_wheel(wheel, torch_wheel, cache, version)
+    except (SymbolCheckError, OSError, ValueError, zipfile.BadZipFile) as exc:
+        print(f"error: {wheel.name}: {exc}", file=sys.stderr)
+        return 2
+    if not missing:
+        print(f"{wheel.name}: every torch symbol it needs is exported by {torch_wheel.name}")
+    for module, symbols in missing.items():
+        print(f"error: {wheel.name}: {module} needs {len(symbols)} torch symbols that {torch_wheel.name} does not "
+              "export (a different torch, or its other C++ string ABI):", file=sys.stderr)
+        print("\n".join(f"  {name}" for name in demangle(symbols)), file=sys.stderr)
+    return 1 if missing else 0
 
 
 if __name__ == "__main__":

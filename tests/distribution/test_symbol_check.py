@@ -112,6 +112,8 @@ def test_the_command_reads_the_wheels_torch_and_names_the_missing_symbol(probes,
     (tmp_path / "old").mkdir()
     old_abi = _wheel(tmp_path / "old", probes[0], "torch==2.6.*")
     assert symbol_check.main([str(old_abi), "--torch-wheel", str(torch26)]) == 0
+    # --torch: against another torch than the one it requires (here the same exact version, from the cache)
+    assert symbol_check.main([str(wheel), "--torch", "2.6.0"]) == 1 and symbol_check.main([str(old_abi), "--torch", "2.6.0"]) == 0
 
 
 def test_a_wheel_for_another_os_is_refused(tmp_path):
