@@ -120,3 +120,14 @@ def test_a_wheel_for_another_os_is_refused(tmp_path):
     path = tmp_path / "x-1.0-cp311-cp311-win_amd64.whl"
     with pytest.raises(symbol_check.SymbolCheckError, match="not Linux"):
         symbol_check.wheel_target(path)
+
+
+def test_the_rehearsal_checks_its_wheels_against_the_torch_wheel_it_downloaded(probes, torch26, tmp_path):
+    from scripts.rehearse import RehearsalError, check_symbols
+    from tests.distribution.helpers import variant_for_this_python
+
+    v = variant_for_this_python("sageattention", "2.6", "12.6")  # torch 2.6.0, this Python: torch26's file name
+    (tmp_path / "old").mkdir()
+    assert check_symbols(_wheel(tmp_path / "old", probes[0], "torch==2.6.*"), torch26.parent, v).endswith(torch26.name)
+    with pytest.raises(RehearsalError, match="torchCheckFail"):
+        check_symbols(_wheel(tmp_path, probes[1], "torch==2.6.*"), torch26.parent, v)
