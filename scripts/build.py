@@ -90,7 +90,7 @@ def summary(outcomes: list[Outcome]) -> Table:
     for o in outcomes:
         where = o.package.name if o.package else str(o.log)
         table.add_row(o.variant.name, "ok" if o.ok else f"FAILED ({o.note})", f"{o.seconds:.0f}s", where,
-                      o.wheel.name if o.wheel else o.note)
+                      o.wheel.name if o.wheel else "none (conda only)" if o.variant.no_wheel else "")
     return table
 
 
@@ -135,9 +135,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
     asyncio.run(index_fs(args.output))
     if not args.no_wheels:
         for o in outcomes:
-            if o.ok and o.variant.no_wheel:
-                o.note = o.variant.no_wheel
-            elif o.ok:
+            if o.ok and not o.variant.no_wheel:  # no_wheel: conda package only (variants/pypi.yaml)
                 try:
                     o.wheel = export(o.package, args.wheels)
                 except ExportError as exc:

@@ -68,3 +68,25 @@ def test_the_install_helper_turns_an_old_abi_torch_away_on_linux(monkeypatch, pl
     with pytest.raises(SystemExit) as exc:
         sage_install.torch_flavour()
     assert str(exc.value).startswith(message)
+
+
+def test_the_build_driver_builds_the_package_and_exports_no_wheel(torch26_conda, tmp_path, capsys, monkeypatch):
+    from scripts import build
+
+    v, conda = torch26_conda
+
+    def fake_rattler_build(variant, scratch, channels):
+        # Stands in for rattler-build: drop the finished package where it would write it.
+        code = ("import shutil, sys, pathlib; d = pathlib.Path(sys.argv[2]) / 'linux-64'; d.mkdir(); "
+                "shutil.copy(sys.argv[1], d)")
+        return [sys.executable, "-c", code, str(conda), str(scratch)]
+
+    monkeypatch.setattr(build, "build_command", fake_rattler_build)
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    dist = tmp_path / "dist"
+    assert build.main(["--package", "sageattention", "--profile", "pytorch26", "--platform", "linux-64",
+                       "--variant", v.name, "--output", str(dist / "channel"), "--wheels", str(dist / "wheels"),
+                       "--index", str(dist / "index"), "--logs", str(dist / "logs")]) == 0
+    assert (dist / "channel" / "linux-64" / conda.name).exists()
+    assert not list(dist.glob("wheels/*.whl")) and "none (conda only)" in capsys.readouterr().out
+    assert ci.build_problems(v, dist) == []
