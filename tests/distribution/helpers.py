@@ -104,3 +104,12 @@ def pip(python: Path, *args: str) -> subprocess.CompletedProcess:
 
 def run_py(python: Path, code: str) -> str:
     return subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def fake_rattler_build(package: Path):
+    """A stand-in for scripts.build.build_command: the "build" drops `package` where rattler-build would write it."""
+    def command(variant, scratch, channels):
+        code = ("import shutil, sys, pathlib; d = pathlib.Path(sys.argv[2]) / 'linux-64'; d.mkdir(); "
+                "shutil.copy(sys.argv[1], d)")
+        return [sys.executable, "-c", code, str(package), str(scratch)]
+    return command

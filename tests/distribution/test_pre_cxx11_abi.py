@@ -14,7 +14,7 @@ from scripts import ci
 from scripts.matrix import main as matrix_main
 from scripts.variants import PACKAGES, load, no_wheel_reason
 from scripts.wheel_export import ExportError, export
-from tests.distribution.helpers import conda_package, variant_for_this_python
+from tests.distribution.helpers import conda_package, fake_rattler_build, variant_for_this_python
 
 
 def test_only_linux_x86_64_torch_26_rows_go_without_a_wheel():
@@ -74,14 +74,7 @@ def test_the_build_driver_builds_the_package_and_exports_no_wheel(torch26_conda,
     from scripts import build
 
     v, conda = torch26_conda
-
-    def fake_rattler_build(variant, scratch, channels):
-        # Stands in for rattler-build: drop the finished package where it would write it.
-        code = ("import shutil, sys, pathlib; d = pathlib.Path(sys.argv[2]) / 'linux-64'; d.mkdir(); "
-                "shutil.copy(sys.argv[1], d)")
-        return [sys.executable, "-c", code, str(conda), str(scratch)]
-
-    monkeypatch.setattr(build, "build_command", fake_rattler_build)
+    monkeypatch.setattr(build, "build_command", fake_rattler_build(conda))
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
     dist = tmp_path / "dist"
     assert build.main(["--package", "sageattention", "--profile", "pytorch26", "--platform", "linux-64",
