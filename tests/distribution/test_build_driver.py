@@ -2,7 +2,6 @@
 import asyncio
 import json
 import shutil
-import sys
 
 import pytest
 from rattler.index import index_fs
