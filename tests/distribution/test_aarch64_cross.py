@@ -88,7 +88,7 @@ def test_pypis_aarch64_torch_exports_every_torch_symbol_it_needs(module, torch_w
 
 def test_its_device_code_is_the_sm90a_sass_expected_of_prepare(module):
     # At test time: the kernel tests' module finds cuobjdump through Triton, which collection must not import.
-    from bench import sass_loops
+    from sageattention.bench import sass_loops
     from tests.sageattention.test_csrc_sass import EXPECTED
 
     tool = sass_loops.cuobjdump()
