@@ -18,32 +18,14 @@
 
 #include <type_traits>
 
+#include "common/convert.cuh"
 #include "common/params.h"
 #include "common/ptx.cuh"
+#include "common/quant.cuh"
 
 namespace sage {
 
 constexpr int kPrepThreads = 256;
-// fp32's least normal: the floor of every quantization scale (sageattention/quant_groups.py MIN_SCALE says why).
-constexpr float kMinScale = 1.17549435e-38f;
-
-template <typename T>
-__device__ __forceinline__ float to_float(T x);
-template <>
-__device__ __forceinline__ float to_float<half>(half x) { return __half2float(x); }
-template <>
-__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-// The largest finite value of the 16-bit input type.
-template <typename T>
-constexpr float kMaxFinite = 65504.f;
-template <>
-constexpr float kMaxFinite<__nv_bfloat16> = 3.38953139e38f;
-// The bits of +inf in the 16-bit input type: a magnitude's bits (x & 0x7fff) at least this are inf or NaN.
-template <typename T>
-constexpr uint32_t kInfBits = 0x7c00u;
-template <>
-constexpr uint32_t kInfBits<__nv_bfloat16> = 0x7f80u;
 
 // Eight consecutive elements of row n of head (b, h) from column c0, as raw 16-bit values; columns >= d and
 // rows >= n_rows are 0.
@@ -93,55 +75,10 @@ __device__ __forceinline__ void load8f(const float* src, float (&out)[8]) {
   *reinterpret_cast<float4*>(out + 4) = reinterpret_cast<const float4*>(src)[1];
 }
 
-// The N 16-bit values held in raw (a uint2 or uint4), as floats, one conversion each.
-template <typename T, typename Raw, int N>
-__device__ __forceinline__ void to_floats_each(const Raw& raw, float (&out)[N]) {
-  static_assert(sizeof(Raw) == 2 * N, "N 16-bit values");
-  const T* e = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-  for (int i = 0; i < N; ++i) out[i] = to_float(e[i]);
-}
-
-// The same, bf16 a 32-bit word at a time: a bf16 is the top half of its fp32, so one shift or mask per element
-// (element by element, the compiler extracts the upper element before shifting it).
-template <typename T, typename Raw, int N>
-__device__ __forceinline__ void to_floats(const Raw& raw, float (&out)[N]) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    static_assert(sizeof(Raw) == 2 * N, "N 16-bit values");
-    const uint32_t* w = reinterpret_cast<const uint32_t*>(&raw);
-#pragma unroll
-    for (int i = 0; i < N / 2; ++i)
-      out[2 * i] = __uint_as_float(w[i] << 16), out[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-  } else {
-    to_floats_each<T>(raw, out);
-  }
-}
-
 template <typename T>
 __device__ __forceinline__ void load8(const Strided& x, int b, int h, int n, int n_rows, int c0, int d, bool vec,
                                       float (&out)[8]) {
   to_floats<T>(load8_raw<T>(x, b, h, n, n_rows, c0, d, vec), out);
-}
-
-// y rounded to the nearest integer (ties to even, like torch.round) as the low byte of fl(y + 1.5 * 2^23): at that
-// magnitude the ulp is 1, so the add itself rounds, and for |y| < 2^22 the low byte is the INT8 two's complement.
-// One add instead of a conversion. A NaN y gives 0xff: only a non-finite element itself (quantize_block scales the
-// rest of a non-finite group, which its NaN scale marks, by 0).
-__device__ __forceinline__ uint32_t rounded_bits(float y) { return __float_as_uint(__fadd_rn(y, 12582912.f)); }
-
-// A group's INT8 scale from its largest magnitude (NaN where the group holds inf or NaN): max / 127, 1 for an
-// all-zero group, at least fp32's least normal; NaN stays NaN.
-__device__ __forceinline__ float int8_scale(float group_max) {
-  const float s = group_max / 127.f;
-  return s == 0.f ? 1.f : s < kMinScale ? kMinScale : s;
-}
-
-// Four values times inv, rounded to INT8 and packed, the first in the lowest byte (x * inv rounded once, then to
-// an integer: the reference's two steps).
-__device__ __forceinline__ uint32_t quantize4(const float* v, float inv) {
-  const uint32_t b0 = rounded_bits(__fmul_rn(v[0], inv)), b1 = rounded_bits(__fmul_rn(v[1], inv));
-  const uint32_t b2 = rounded_bits(__fmul_rn(v[2], inv)), b3 = rounded_bits(__fmul_rn(v[3], inv));
-  return __byte_perm(__byte_perm(b0, b1, 0x0040), __byte_perm(b2, b3, 0x0040), 0x5410);
 }
 
 // The scale groups of sageattention/quant_groups.py as the bits of a row index (r < R) that vary within a group:

@@ -11,7 +11,7 @@
 // are P's row sums: the tensor cores add them up (no adds in the softmax), from P as rounded to e4m3, as O is.
 // The accumulator layout per warp is that of mma.sync m16n8 (rows g and g + 8 of the warp's 16, columns 2t, 2t + 1
 // of every 8-column slice) and the 8-bit A-register layout that of mma.sync m16n8k32, so prepare()'s quantization
-// groups and FP8 key order (fp8_key_slot) serve this kernel unchanged (csrc/common/attention.cuh explains them).
+// groups and FP8 key order (fp8_key_slot) serve this kernel unchanged (csrc/mma_sync/attention.cuh explains them).
 // The epilogue writes a warpgroup's rows into shared memory by stmatrix, and one thread stores them by the copy engine
 // (stage_rows), where the output's rows are 16-byte aligned.
 #pragma once
@@ -19,8 +19,12 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "common/attention.cuh"
+#include "common/convert.cuh"
+#include "common/epilogue.cuh"
+#include "common/launch.h"
 #include "common/prepare.cuh"
+#include "common/quant.cuh"
+#include "common/softmax.cuh"
 #include "sm90/hopper.cuh"
 #include "sm90/wgmma_ops.cuh"
 
