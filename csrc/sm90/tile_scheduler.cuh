@@ -4,7 +4,7 @@
 #include <algorithm>
 
 #include "common/params.h"
-#include "common/prepare.cuh"
+#include "common/sm_count.h"
 #include "sm90/traits.cuh"
 
 namespace sage::sm90 {
