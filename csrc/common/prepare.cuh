@@ -138,8 +138,9 @@ __global__ void __launch_bounds__(kPrepThreads) quantize_q_blocks(const PrepareP
 
 // Resident programs per SM that prepare_kv is compiled for (its registers per thread follow). Preparation is
 // latency-bound, so more programs in flight help: six on Hopper, whose 228 KB of shared memory holds them (40
-// registers, a few bytes spilled; eight spilled hundreds and were slower, docs/benchmarks.md session 21); four
-// elsewhere, where 100 KB of shared memory per SM holds no more (sm80 unmeasured).
+// registers, a few bytes spilled; eight spilled hundreds and were slower:
+// docs/decisions/0005-prepare-register-budget.md); four elsewhere, where 100 KB of shared memory per SM holds no more
+// (sm80 unmeasured).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && __CUDA_ARCH__ < 1000
 constexpr int kPrepProgramsPerSm = 6;
 #else
@@ -178,9 +179,9 @@ bool launch_prepare(const PrepareParams& params, cudaStream_t stream) {
   if (per_sm == 0) cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, prepare_kv<T, DPAD, kFp8V>, kPrepThreads, 0);
   const int sms = current_sm_count();
   PrepareParams p = params;
-  // A statistics unit lasts about chunk_len / kKBlock quantization units. A lag of half the units the resident
-  // programs run meanwhile measured best on an H100 (B16 H16 N1k d128: 158 us against 195 at a quarter, where more
-  // programs wait, and 162 at a whole, where fewer rereads hit L2; docs/benchmarks.md, session 19).
+  // A statistics unit lasts about chunk_len / kKBlock quantization units. A lag of half the units the resident programs
+  // run meanwhile measured best on an H100 (B16 H16 N1k d128: 158 us against 195 at a quarter, where more programs
+  // wait, and 162 at a whole, where fewer rereads hit L2; docs/decisions/0004-prepare-one-launch-programs-per-sm.md).
   const float lag_units = 0.5f * sms * per_sm * (p.chunk_len / kKBlock);
   p.lag_heads = max(1, static_cast<int>(ceilf(lag_units / (stats_units(p) + quant_units(p)))));
   prepare_kv<T, DPAD, kFp8V><<<p.batch * p.hk * (stats_units(p) + quant_units(p)), kPrepThreads, 0, stream>>>(p);

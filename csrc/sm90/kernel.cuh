@@ -48,8 +48,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* const q_empty = q_full + kQ16Buffers;  // [buffer]: the consumers are done with its Q
   const int n_items = work_items(p);
   // Each item's V statistics (scale, mean) are copied into shared memory with its Q, for the epilogue, where global
-  // loads had their L2 latency exposed once per item (d64 N1k +4 %, session 36). Not in the dual loop's kernel: there
-  // ptxas ordered the loop differently and CogVideoX ran 2 % slower; it loads them as before.
+  // loads had their L2 latency exposed once per item (d64 N1k +4 %). Not in the dual loop's kernel: there ptxas
+  // ordered the loop differently and CogVideoX ran 2 % slower; it loads them from global memory
+  // (docs/decisions/0011-sm90-v-stats-staged-with-q.md).
   constexpr bool kStagedVStats = !kDual;
 
   if (threadIdx.x == 0) {

@@ -39,10 +39,11 @@ void launch_attention_sm90(const TensorMaps& maps, const AttentionParams& p, cud
   kernel<<<program_count(p), kThreads, Layout<D>::kSmem, stream>>>(maps.q, maps.k, maps.v, p, maps.out);
 }
 
-// One instantiation per padded head_dim (attention_d64.cu, attention_d128.cu). Every p.pv_accum runs two-level
-// (at least the precision asked for). The dual loop (speculative exponents, two P·V buffers) runs at d64 from
-// kDualMinKeys keys on, where it measured faster (session 27: +4 % at 16k keys, the same at 4k, 4 % slower at 1k);
-// d128 has no registers for a second P·V buffer, and the LSE sums would spill.
+// One instantiation per padded head_dim (attention_d64.cu, attention_d128.cu). Every p.pv_accum runs two-level (at
+// least the precision asked for). The dual loop (speculative exponents, two P·V buffers) runs at d64 from kDualMinKeys
+// keys on, where it measured faster (+4 % at 16k keys, the same at 4k, 4 % slower at 1k:
+// docs/decisions/0010-sm90-d64-dual-loop.md); d128 has no registers for a second P·V buffer, and the LSE sums would
+// spill.
 constexpr int kDualMinKeys = 4096;
 
 template <int D, typename T>

@@ -110,8 +110,9 @@ __device__ __forceinline__ void consume(const AttentionParams& p, const CUtensor
         wgmma_wait<0>();
         if (tile > 0) mbar_arrive(&empty[pos.previous_stage()]);
       };
-      // (The loop below writes the same test inline. One shared function for both measured 2-3 % slower in this
-      // loop at d64 16k and on CogVideoX, session 29: ptxas allocated its registers differently.)
+      // (The loop below writes the same test inline. One shared function for both measured 2-3 % slower in this loop at
+      // d64 16k and on CogVideoX: ptxas allocated its registers differently;
+      // docs/decisions/0010-sm90-d64-dual-loop.md.)
       auto needs_mask = [&](int tile) {
         const int key0 = tile * kKeys;
         return key0 + kKeys > p.nk || (p.causal && key0 + kKeys - 1 > row0 + wrow - g + p.causal_offset);
@@ -179,7 +180,7 @@ __device__ __forceinline__ void consume(const AttentionParams& p, const CUtensor
       }
     } else {
     // (Written with the dual loop's lambdas, this loop compiled to the same instructions in another order, 4-6 %
-    // slower at d128, session 27: its SASS is the one from before the dual loop; compare it after any change.)
+    // slower at d128 (docs/decisions/0010-sm90-d64-dual-loop.md): compare its SASS after any change.)
     // Software pipeline: the tensor cores run tile j - 1's P·V after tile j's Q·K^T, while this warpgroup takes
     // tile j's row maxima; the exponent run then adds that P·V to o.
     for (int tile = 0; tile < wk.n_tiles; ++tile) {
@@ -198,8 +199,9 @@ __device__ __forceinline__ void consume(const AttentionParams& p, const CUtensor
         wgmma_wait<0>();
       }
       // Q·K^T of the item's last tile is done: the producer may load the buffer's next item's Q. (With one buffer,
-      // releasing it as soon as it was read made persistent programs 4-10 % slower at every length, session 17: we
-      // think because the two consumer warpgroups then drift apart across items.)
+      // releasing it as soon as it was read made persistent programs 4-10 % slower at every length,
+      // docs/decisions/0008-sm90-buffer-release-timing.md: we think because the two consumer warpgroups then drift
+      // apart across items.)
       if (tile == wk.n_tiles - 1) mbar_arrive(q_done);
       const bool needs_mask =
           key0 + kKeys > p.nk || (p.causal && key0 + kKeys - 1 > row0 + wrow - g + p.causal_offset);

@@ -73,7 +73,7 @@ __device__ __forceinline__ void tile_max(int (&sc)[64], const float (&s)[2], boo
 }
 
 // Log2 units of room a speculative tile's shift leaves above the running max (the dual loop below): 1 measured 2-10 %
-// slower at d64 (more tiles taken again), 3 the same as 2 (session 27).
+// slower at d64 (more tiles taken again), 3 the same as 2 (docs/decisions/0010-sm90-d64-dual-loop.md).
 constexpr int kSpecRoom = 2;
 
 // O's deferred update: alpha_prev, the factor of the tile whose P·V acc holds, brings o to that tile's shift.
@@ -83,12 +83,12 @@ __device__ __forceinline__ void update_o(float (&o)[kOut], const float (&alpha_p
   for (int i = 0; i < kOut; ++i) o[i] = fmaf(o[i], alpha_prev[(i % 4) / 2], acc[i]);
 }
 
-// The exponent phase, one straight run of code so that ptxas can fill the exponent unit's issue gaps (8 cycles per
-// warp instruction) with the rest: P = exp2(score * s - shift) packed to e4m3 into pa (the next P·V's A registers),
-// O's deferred update (update_o; acc: the previous tile's P·V, complete, the caller waited for it), and where the
-// LSE is asked for (kLse), l's fp32 sums of P (clamped at 448 as e4m3 saturates; even skipped at run time they cost
-// 8-15 %, session 18). kDequantized: sc holds float scores, already dequantized (masked tiles); otherwise integers,
-// converted and dequantized here.
+// The exponent phase, one straight run of code so that ptxas can fill the exponent unit's issue gaps (8 cycles per warp
+// instruction) with the rest: P = exp2(score * s - shift) packed to e4m3 into pa (the next P·V's A registers), O's
+// deferred update (update_o; acc: the previous tile's P·V, complete, the caller waited for it), and where the LSE is
+// asked for (kLse), l's fp32 sums of P (clamped at 448 as e4m3 saturates; a template parameter: even skipped at run
+// time they cost 8-15 %; docs/decisions/0015-exponent-phase-straight-run.md). kDequantized: sc holds float scores,
+// already dequantized (masked tiles); otherwise integers, converted and dequantized here.
 template <bool kDequantized, bool kLse, int kOut, bool kUpdate = true>
 __device__ __forceinline__ void tile_exp(const int (&sc)[64], const float (&s)[2],
                                          const float (&shift)[2], const float (&alpha)[2], const float (&alpha_prev)[2],

@@ -16,8 +16,8 @@ struct Layout {
   static constexpr int kQ16Bytes = kRows * D * 2;  // 16-bit Q as copied, in boxes of 64 columns (128-byte rows)
   // d128 loads each item's 16-bit Q during the item before (two buffers, taken by items in turn), and its epilogue
   // saturates the conversion to 16 bits instead of clamping (store_rows; stage_rows always does): +1.3-1.8 % at d128
-  // (session 38). The d64 kernels keep one buffer and the clamp: with the change, ptxas ordered their tile loops
-  // differently, 3.6 % slower at d64 N1k and 1 % on CogVideoX.
+  // (docs/decisions/0012-sm90-d128-two-q-buffers.md). The d64 kernels keep one buffer and the clamp: with the change,
+  // ptxas ordered their tile loops differently, 3.6 % slower at d64 N1k and 1 % on CogVideoX.
   static constexpr bool kAhead = D == 128;
   static constexpr int kQ16Buffers = kAhead ? 2 : 1;
   static constexpr int kQBytes = kRows * D;

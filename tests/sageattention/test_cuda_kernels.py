@@ -279,7 +279,7 @@ def test_huge_scores_keep_p_in_range(family, fp8, magnitude):
 
 @pytest.mark.parametrize("case", ["random", "causal", "rising", "jump", "huge"])
 def test_sm90_d64_dual_loop(case):
-    """From 4096 keys at head_dim 64 (kDualMinKeys, csrc/sm90/attention_sm90.cuh) the sm90 kernel runs its dual loop:
+    """From 4096 keys at head_dim 64 (kDualMinKeys, csrc/sm90/launch.cuh) the sm90 kernel runs its dual loop:
     exponents taken speculatively with the running max, and again where a row's max rose past kSpecRoom. 33 tiles
     (an odd count, the last one masked). rising: each tile's max past the last one's by several log2 units (taken again
     at every tile); jump: the second half of the keys 100x larger; huge: |q|, |k| ~ 2e3 in bf16 (maxima ~1e7 in log2
