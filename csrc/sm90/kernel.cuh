@@ -37,7 +37,7 @@ template <int D, typename T, bool kLse, bool kDual>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_sm90_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                           const __grid_constant__ CUtensorMap v_map, const AttentionParams p,
-                          const __grid_constant__ CUtensorMap out_map) {  // (after p: p's offsets as before)
+                          const __grid_constant__ CUtensorMap out_map) {  // (last: the others keep their offsets)
   using L = Layout<D>;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* const smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));

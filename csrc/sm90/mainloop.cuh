@@ -179,49 +179,49 @@ __device__ __forceinline__ void consume(const AttentionParams& p, const CUtensor
         update_o(o_flat, alpha_prev, acc2);
       }
     } else {
-    // (Written with the dual loop's lambdas, this loop compiled to the same instructions in another order, 4-6 %
-    // slower at d128 (docs/decisions/0010-sm90-d64-dual-loop.md): compare its SASS after any change.)
-    // Software pipeline: the tensor cores run tile j - 1's P·V after tile j's Q·K^T, while this warpgroup takes
-    // tile j's row maxima; the exponent run then adds that P·V to o.
-    for (int tile = 0; tile < wk.n_tiles; ++tile) {
-      const int s = pos.stage;
-      const int key0 = tile * kKeys;
-      const float ks[2] = {ks_next[0], ks_next[1]};
-      if (tile + 1 < wk.n_tiles) load_ks(tile + 1, ks_next);
-      mbar_wait(&full[s], pos.parity);
+      // (Written with the dual loop's lambdas, this loop compiled to the same instructions in another order, 4-6 %
+      // slower at d128 (docs/decisions/0010-sm90-d64-dual-loop.md): compare its SASS after any change.)
+      // Software pipeline: the tensor cores run tile j - 1's P·V after tile j's Q·K^T, while this warpgroup takes
+      // tile j's row maxima; the exponent run then adds that P·V to o.
+      for (int tile = 0; tile < wk.n_tiles; ++tile) {
+        const int s = pos.stage;
+        const int key0 = tile * kKeys;
+        const float ks[2] = {ks_next[0], ks_next[1]};
+        if (tile + 1 < wk.n_tiles) load_ks(tile + 1, ks_next);
+        mbar_wait(&full[s], pos.parity);
 
-      int sc[64];
-      qk_issue<D>(sc, q_desc, k_desc(s));
-      if (tile > 0) {
-        pv_issue<D>(acc, pa, v_desc(pos.previous_stage()));  // in flight until the exponent run
-        wgmma_wait<1>();  // S of this tile (committed first) is complete; P·V of the previous tile may still run
-      } else {
-        wgmma_wait<0>();
+        int sc[64];
+        qk_issue<D>(sc, q_desc, k_desc(s));
+        if (tile > 0) {
+          pv_issue<D>(acc, pa, v_desc(pos.previous_stage()));  // in flight until the exponent run
+          wgmma_wait<1>();  // S of this tile (committed first) is complete; P·V of the previous tile may still run
+        } else {
+          wgmma_wait<0>();
+        }
+        // Q·K^T of the item's last tile is done: the producer may load the buffer's next item's Q. (With one buffer,
+        // releasing it as soon as it was read made persistent programs 4-10 % slower at every length,
+        // docs/decisions/0008-sm90-buffer-release-timing.md: we think because the two consumer warpgroups then drift
+        // apart across items.)
+        if (tile == wk.n_tiles - 1) mbar_arrive(q_done);
+        const bool needs_mask =
+            key0 + kKeys > p.nk || (p.causal && key0 + kKeys - 1 > row0 + wrow - g + p.causal_offset);
+        const float sf[2] = {qs * ks[0], qs * ks[1]};
+        float shift[2], alpha[2];
+        tile_max(sc, sf, needs_mask, key0, t, row0 + wrow, p, m, shift, alpha);
+        wgmma_wait<0>();  // the previous tile's P·V (none at tile 0) has completed: its stage is free, acc is final
+        if (tile > 0) mbar_arrive(&empty[pos.previous_stage()]);
+        if (needs_mask) tile_exp<true, kLse>(sc, sf, shift, alpha, alpha_prev, acc, o_flat, l, pa);
+        else tile_exp<false, kLse>(sc, sf, shift, alpha, alpha_prev, acc, o_flat, l, pa);
+        alpha_prev[0] = alpha[0], alpha_prev[1] = alpha[1];
+        pos.advance();
       }
-      // Q·K^T of the item's last tile is done: the producer may load the buffer's next item's Q. (With one buffer,
-      // releasing it as soon as it was read made persistent programs 4-10 % slower at every length,
-      // docs/decisions/0008-sm90-buffer-release-timing.md: we think because the two consumer warpgroups then drift
-      // apart across items.)
-      if (tile == wk.n_tiles - 1) mbar_arrive(q_done);
-      const bool needs_mask =
-          key0 + kKeys > p.nk || (p.causal && key0 + kKeys - 1 > row0 + wrow - g + p.causal_offset);
-      const float sf[2] = {qs * ks[0], qs * ks[1]};
-      float shift[2], alpha[2];
-      tile_max(sc, sf, needs_mask, key0, t, row0 + wrow, p, m, shift, alpha);
-      wgmma_wait<0>();  // the previous tile's P·V (none at tile 0) has completed: its stage is free, acc is final
-      if (tile > 0) mbar_arrive(&empty[pos.previous_stage()]);
-      if (needs_mask) tile_exp<true, kLse>(sc, sf, shift, alpha, alpha_prev, acc, o_flat, l, pa);
-      else tile_exp<false, kLse>(sc, sf, shift, alpha, alpha_prev, acc, o_flat, l, pa);
-      alpha_prev[0] = alpha[0], alpha_prev[1] = alpha[1];
-      pos.advance();
-    }
-    if (wk.n_tiles > 0) {  // the last tile's P·V
-      wgmma_fence();
-      pv_issue<D>(acc, pa, v_desc(pos.previous_stage()));
-      wgmma_wait<0>();
-      mbar_arrive(&empty[pos.previous_stage()]);
-      update_o(o_flat, alpha_prev, acc);
-    }
+      if (wk.n_tiles > 0) {  // the last tile's P·V
+        wgmma_fence();
+        pv_issue<D>(acc, pa, v_desc(pos.previous_stage()));
+        wgmma_wait<0>();
+        mbar_arrive(&empty[pos.previous_stage()]);
+        update_o(o_flat, alpha_prev, acc);
+      }
     }
     VStats<D> vs;
     if constexpr (kStagedVStats) {
