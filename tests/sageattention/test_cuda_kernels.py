@@ -467,7 +467,7 @@ def assert_fp8_v_matches_reference(v, v_out, v_scale, v_mean=None):
 
 
 def _fp8_key_slot(key: int) -> int:
-    """csrc/common/prepare.cuh fp8_key_slot: where key (0..31) of a 32-key group sits in V^T."""
+    """csrc/common/prepare/v_rewrite.cuh fp8_key_slot: where key (0..31) of a 32-key group sits in V^T."""
     r = key % 16
     return key // 16 * 16 + (r % 8) // 2 * 4 + r // 8 * 2 + r % 2
 
