@@ -90,9 +90,13 @@ def meta(env: Env) -> dict:
             versions[dist_name] = importlib.metadata.version(dist_name)
         except importlib.metadata.PackageNotFoundError:
             versions[dist_name] = None
-    return {"devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if env.cuda else
-            ["cpu"], "world_size": env.world, "sageattention": sa.__version__, "versions": versions,
-            "command": " ".join(sys.argv), "started": datetime.datetime.now(datetime.timezone.utc).isoformat()}
+    from sageattention.bench import results  # the provenance every result of record carries
+
+    devices = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if env.cuda else ["cpu"]
+    return {"device": devices[0], "devices": devices, "driver": results.driver_version(), "commit": results.commit(),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "tool": "run_engines",
+            "world_size": env.world, "sageattention": sa.__version__, "versions": versions,
+            "command": " ".join(["python", *sys.argv])}
 
 
 # ---------------------------------------------------------------- tensors

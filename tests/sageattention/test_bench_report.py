@@ -117,7 +117,8 @@ def test_the_results_of_record_carry_their_provenance():
         meta = json.loads(path.read_text())["meta"]
         assert path.parent.name == results.gpu_dir(meta["device"]), path
         assert {"device", "commit", "date", "command", "tool"} <= meta.keys(), path
-        assert meta["tool"] in report.TOOLS, path
+        # multigpu/run_engines.py's results are tabled by hand in docs/multi_gpu.md; the others by the report
+        assert meta["tool"] in (*report.TOOLS, "run_engines"), path
 
 
 def test_performance_doc_is_current():
