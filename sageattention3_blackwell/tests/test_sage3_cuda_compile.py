@@ -1,17 +1,27 @@
-"""nvcc builds the CUDA kernels for sm_100a and sm_120a, and the SASS holds the block-scaled FP4 MMAs.
+"""nvcc builds the CUDA kernels for sm_100a and sm_120a, and the SASS holds the block-scaled FP4 MMAs; the whole
+extension, built against libtorch's stable ABI, is an abi3 wheel that loads and registers its operators.
 
-No GPU needed. Each (source, arch) pair is compiled once per session into a temporary directory.
-bindings.cpp is not covered here: it needs a CUDA build of torch (see README, "Building").
+No GPU needed. Each (source, arch) pair is compiled once per session into a temporary directory. The stable-ABI
+wheel is built once, for sm_120a, against the installed torch (>= 2.10; a CPU build of torch will do).
+The version-specific build of bindings.cpp needs a CUDA build of torch (see README, "Building").
 """
+import json
+import os
+import re
 import shutil
 import subprocess
+import sys
+from email.parser import Parser
 from pathlib import Path
+from zipfile import ZipFile
 
 import pytest
+import torch
 
 from sage3_tools import cuobjdump
 
-CSRC = Path(__file__).resolve().parents[1] / "csrc"
+PACKAGE = Path(__file__).resolve().parents[1]
+CSRC = PACKAGE / "csrc"
 # (source, arch) -> SASS that must appear: the FP4 tensor-core MMA, or the e2m1 / e4m3 conversions.
 EXPECTED = {
     ("attention_sm120.cu", "120a"): ["OMMA.SF.16864.F32.E2M1.E2M1.UE4M3.4X"],
@@ -55,3 +65,125 @@ def test_attention_kernels_issue_one_mma_per_k64_step(sass):
     # head_dim 64 and 128 instantiations: QK^T needs D/64 MMAs per key block, PV one per n-tile group.
     assert sass("attention_sm100.cu", "100a").count("UTCOMMA.4X") == (1 + 1) + (2 + 1)
     assert sass("attention_sm120.cu", "120a").count("OMMA.SF.16864") == (8 * 1 + 8) + (8 * 2 + 16)
+
+
+# --- The stable-ABI extension -------------------------------------------------------------------------------------
+
+# What the extension may take from CPython: the limited-API function that creates its (empty) module.
+LIMITED_API_USED = {"PyModule_Create2"}
+
+
+def _cuda_home() -> Path | None:
+    nvcc = shutil.which("nvcc")
+    for home in (os.environ.get("CUDA_HOME"), nvcc and Path(nvcc).parents[1], "/usr/local/cuda"):
+        if home and (Path(home) / "include" / "cuda_runtime.h").is_file() and (Path(home) / "bin" / "nvcc").exists():
+            return Path(home)
+    return None
+
+
+@pytest.fixture(scope="session")
+def stable_wheel(tmp_path_factory) -> Path:
+    """The sageattn3 wheel, built from a copy of this package with SAGE_BUILD_CUDA=1 for sm_120a alone."""
+    home = _cuda_home()
+    if home is None:
+        pytest.skip("needs the CUDA toolkit (nvcc and its headers; set CUDA_HOME)")
+    if tuple(int(n) for n in torch.__version__.split(".")[:2]) < (2, 10):
+        pytest.skip(f"the stable-ABI build needs torch >= 2.10 to build against, found {torch.__version__}")
+    src = tmp_path_factory.mktemp("sage3_src")
+    for name in ("setup.py", "build_rules.py", "pyproject.toml", "README.md", "LICENSE", "csrc", "sageattn3"):
+        (shutil.copytree if (PACKAGE / name).is_dir() else shutil.copy)(PACKAGE / name, src / name)
+    env = {**os.environ, "SAGE_BUILD_CUDA": "1", "CUDA_HOME": str(home), "TORCH_CUDA_ARCH_LIST": "12.0",
+           "MAX_JOBS": "2"}
+    env.pop("SAGE_STABLE_ABI", None)  # the default for torch >= 2.10
+    out = tmp_path_factory.mktemp("sage3_wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q", "-w", str(out),
+                    str(src)], check=True, env=env, capture_output=True, text=True)
+    (wheel,) = out.glob("*.whl")
+    return wheel
+
+
+@pytest.fixture(scope="session")
+def unpacked(stable_wheel, tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("sage3_site")
+    with ZipFile(stable_wheel) as whl:
+        whl.extractall(folder)
+    return folder
+
+
+def test_stable_wheel_is_abi3_and_requires_torch_2_10(stable_wheel):
+    assert stable_wheel.name == "sageattn3-1.0.0-cp310-abi3-linux_x86_64.whl"
+    with ZipFile(stable_wheel) as whl:
+        assert "sageattn3/_C.abi3.so" in whl.namelist()
+        meta = Parser().parsestr(whl.read("sageattn3-1.0.0.dist-info/METADATA").decode())
+    torch_requirements = [r for r in meta.get_all("Requires-Dist") if re.match(r"torch\b", r)]
+    assert torch_requirements == ["torch>=2.10"]
+
+
+def _undefined_symbols(library: Path, demangle: bool) -> set:
+    flags = ["-D", "--undefined-only"] + (["-C"] if demangle else [])
+    lines = subprocess.run(["nm", *flags, str(library)], capture_output=True, text=True, check=True).stdout
+    return {line.split(None, 1)[1].split("@")[0] for line in lines.splitlines() if line.strip()}
+
+
+def test_stable_extension_uses_only_the_c_shim_and_the_limited_api(unpacked):
+    library = unpacked / "sageattn3/_C.abi3.so"
+    cpp = [s for s in _undefined_symbols(library, demangle=True) if re.match(r"(c10|at|torch|caffe2)::", s)]
+    assert not cpp, f"C++ symbols of libtorch, whose ABI changes between releases: {sorted(cpp)[:10]}"
+    names = _undefined_symbols(library, demangle=False)
+    python = {s for s in names if re.match(r"_?Py", s)}
+    assert python == LIMITED_API_USED, f"Python symbols outside the limited API: {sorted(python - LIMITED_API_USED)}"
+    shim = {s for s in names if s.startswith(("aoti_torch_", "torch_"))}
+    assert "torch_library_impl" in shim
+    # Each one is a C function the installed libtorch exports (it loads there; older torch: the import tests).
+    exported = subprocess.run(["nm", "-D", "--defined-only", str(Path(torch.__file__).parent / "lib/libtorch_cpu.so")],
+                              capture_output=True, text=True, check=True).stdout.split()
+    assert shim <= set(exported), sorted(shim - set(exported))
+    tool = cuobjdump()
+    if tool:  # device code for exactly the arch asked for (cuobjdump names sm_120a's cubins sm_120)
+        elf = subprocess.run([tool, "--list-elf", str(library)], capture_output=True, text=True, check=True).stdout
+        assert set(re.findall(r"sm_\d+\w*", elf)) == {"sm_120"}
+
+
+LOAD_AND_CALL = """
+import json, sys, torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+library, site = sys.argv[1:]
+has_kernel = lambda op: torch._C._dispatch_has_kernel_for_dispatch_key("sageattn3::" + op, "CUDA")
+sys.path.insert(0, site)
+from sageattn3 import ops  # the schemas and fakes
+found = {"before": [has_kernel("quantize"), has_kernel("attention")]}
+torch.ops.load_library(library)
+found["after"] = [has_kernel("quantize"), has_kernel("attention")]
+import sageattn3._C  # by name, as sageattn3.dispatch loads it
+found["module"] = sageattn3._C.__file__ == library
+# The CUDA kernels called on CPU tensors: the boxed call reaches the binding's own checks.
+cuda = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
+x = torch.zeros(4, 32)
+errors = []
+for call in (lambda: torch.ops.sageattn3.quantize.default.redispatch(cuda, x),
+             lambda: torch.ops.sageattn3.attention.default.redispatch(cuda, *[x] * 6, None, 0, x, False, 0)):
+    try:
+        call()
+    except RuntimeError as e:
+        errors.append(str(e))
+found["errors"] = errors
+with FakeTensorMode():
+    codes, scales = torch.ops.sageattn3.quantize(torch.empty(2, 64))
+found["fake"] = [list(codes.shape), str(scales.dtype)]
+print(json.dumps(found))
+"""
+
+
+def test_stable_extension_loads_and_registers_its_kernels(unpacked):
+    library = str(unpacked / "sageattn3/_C.abi3.so")
+    # The binary needs libcudart, which a CUDA torch loads first; under a CPU torch the toolkit's stands in.
+    lib = _cuda_home() / "lib64"
+    env = {**os.environ, "LD_LIBRARY_PATH": os.pathsep.join(filter(None, [str(lib), os.environ.get("LD_LIBRARY_PATH")]))}
+    run = subprocess.run([sys.executable, "-c", LOAD_AND_CALL, library, str(unpacked)], capture_output=True,
+                         text=True, env=env, cwd=unpacked)
+    assert run.returncode == 0, run.stderr[-3000:]
+    found = json.loads(run.stdout.splitlines()[-1])
+    assert found["before"] == [False, False] and found["after"] == [True, True] and found["module"]
+    assert [e.splitlines()[0] for e in found["errors"]] == ["x must be a contiguous CUDA tensor",
+                                                            "q_codes must be a CUDA tensor"]
+    assert found["fake"] == [[2, 32], "torch.float8_e4m3fn"]
