@@ -145,13 +145,19 @@ def test_stable_extension_uses_only_the_c_shim_and_the_limited_api(unpacked):
 
 
 LOAD_AND_CALL = """
-import json, sys, torch
+import ctypes, json, os, sys, torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 library, site = sys.argv[1:]
+found = {"torch": torch.__version__}
+try:  # what csrc/torch_binding.h looks up at run time for the current CUDA stream
+    found["stream_fn"] = hasattr(ctypes.CDLL("libtorch_cuda.so", mode=os.RTLD_NOLOAD | os.RTLD_LAZY),
+                                 "aoti_torch_get_current_cuda_stream")
+except OSError:  # a CPU build of torch
+    found["stream_fn"] = None
 has_kernel = lambda op: torch._C._dispatch_has_kernel_for_dispatch_key("sageattn3::" + op, "CUDA")
 sys.path.insert(0, site)
 from sageattn3 import ops  # the schemas and fakes
-found = {"before": [has_kernel("quantize"), has_kernel("attention")]}
+found["before"] = [has_kernel("quantize"), has_kernel("attention")]
 torch.ops.load_library(library)
 found["after"] = [has_kernel("quantize"), has_kernel("attention")]
 import sageattn3._C  # by name, as sageattn3.dispatch loads it
@@ -174,12 +180,9 @@ print(json.dumps(found))
 """
 
 
-def test_stable_extension_loads_and_registers_its_kernels(unpacked):
+def _load_and_call(unpacked: Path, env: dict) -> dict:
     library = str(unpacked / "sageattn3/_C.abi3.so")
-    # The binary needs libcudart, which a CUDA torch loads first; under a CPU torch the toolkit's stands in.
-    lib = _cuda_home() / "lib64"
-    env = {**os.environ, "LD_LIBRARY_PATH": os.pathsep.join(filter(None, [str(lib), os.environ.get("LD_LIBRARY_PATH")]))}
-    run = subprocess.run([sys.executable, "-c", LOAD_AND_CALL, library, str(unpacked)], capture_output=True,
+    run = subprocess.run([sys.executable, "-s", "-c", LOAD_AND_CALL, library, str(unpacked)], capture_output=True,
                          text=True, env=env, cwd=unpacked)
     assert run.returncode == 0, run.stderr[-3000:]
     found = json.loads(run.stdout.splitlines()[-1])
@@ -187,3 +190,44 @@ def test_stable_extension_loads_and_registers_its_kernels(unpacked):
     assert [e.splitlines()[0] for e in found["errors"]] == ["x must be a contiguous CUDA tensor",
                                                             "q_codes must be a CUDA tensor"]
     assert found["fake"] == [[2, 32], "torch.float8_e4m3fn"]
+    return found
+
+
+def test_stable_extension_loads_and_registers_its_kernels(unpacked):
+    # The binary needs libcudart, which a CUDA torch loads first; under a CPU torch the toolkit's stands in.
+    lib = str(_cuda_home() / "lib64")
+    env = {**os.environ, "LD_LIBRARY_PATH": os.pathsep.join(filter(None, [lib, os.environ.get("LD_LIBRARY_PATH")]))}
+    found = _load_and_call(unpacked, env)
+    assert found["torch"] == torch.__version__
+    assert found["stream_fn"] is (None if torch.version.cuda is None else True)
+
+
+# The oldest and the newest CUDA 13 torch this machine's pip installs from PyPI (PyPI's torch 2.10 is a CUDA 12
+# build; /etc/xdg/pip caps torch at 2.14.1). Each is pip-installed once into its own folder of .cache/ (the newest
+# with every CUDA library its wheel requires, ~5 GB; older ones alone, finding those libraries, of the same CUDA
+# major, in the newest's folder) and reused while the folder is complete.
+CUDA13_TORCH = ("2.11.0", "2.14.1")
+TORCH_TREES = PACKAGE.parent / ".cache" / "stable-abi-torch"
+
+
+def _torch_tree(version: str) -> Path:
+    tree = TORCH_TREES / f"torch-{version}"
+    if (tree / ".complete").is_file():
+        return tree
+    shutil.rmtree(tree, ignore_errors=True)
+    deps = [] if version == CUDA13_TORCH[-1] else ["--no-deps"]
+    run = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                          "--no-compile", *deps, "--target", str(tree), f"torch=={version}"],
+                         capture_output=True, text=True)
+    if run.returncode != 0:
+        pytest.skip(f"pip could not install torch {version}: {run.stderr.strip().splitlines()[-1:]}")
+    (tree / ".complete").write_text(version)
+    return tree
+
+
+@pytest.mark.parametrize("version", CUDA13_TORCH)
+def test_stable_extension_loads_under_cuda_torch_from_pypi(unpacked, version):
+    trees = [_torch_tree(version), _torch_tree(CUDA13_TORCH[-1])]
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "PYTHONPATH")}
+    found = _load_and_call(unpacked, {**env, "PYTHONPATH": os.pathsep.join(map(str, trees))})
+    assert found["torch"].split("+")[0] == version and found["stream_fn"] is True
