@@ -232,3 +232,18 @@ def test_stable_extension_loads_under_cuda_torch_from_pypi(unpacked, version):
     env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "PYTHONPATH")}
     found = _load_and_call(unpacked, {**env, "PYTHONPATH": os.pathsep.join(map(str, trees))})
     assert found["torch"].split("+")[0] == version and found["stream_fn"] is True
+
+
+def test_binding_compiles_against_aten_too(tmp_path):
+    """bindings.cpp as the version-specific build compiles it (torch_binding.h's ATen side), against the headers of
+    PyPI's newest CUDA torch (C++20, as torch's BuildExtension asks for them): CPU builds of torch lack c10/cuda's
+    generated header."""
+    home = _cuda_home()
+    if home is None or shutil.which("g++") is None:
+        pytest.skip("needs g++ and the CUDA toolkit's headers")
+    include = _torch_tree(CUDA13_TORCH[-1]) / "torch" / "include"
+    python = subprocess.run([sys.executable, "-c", "import sysconfig; print(sysconfig.get_paths()['include'])"],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    subprocess.run(["g++", "-std=c++20", "-fsyntax-only", "-w", "-DSAGE_STABLE_ABI=0", f"-I{include}",
+                    f"-I{include}/torch/csrc/api/include", f"-I{home}/include", f"-I{python}",
+                    str(CSRC / "bindings.cpp")], check=True, capture_output=True, text=True)
