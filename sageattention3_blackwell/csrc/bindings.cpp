@@ -1,10 +1,9 @@
 // The sageattn3 CUDA kernels as CUDA implementations of torch.ops.sageattn3.* (schemas: sageattn3/ops.py), and
 // the module sageattn3._C that loads them. torch_binding.h builds this file against libtorch's stable ABI or
 // against ATen; the module uses CPython's limited API only.
-#include <Python.h>
+#include "torch_binding.h"
 
 #include "attention.h"
-#include "torch_binding.h"
 
 namespace {
 
@@ -126,9 +125,4 @@ SAGE_CUDA_KERNELS(sageattn3, m) {
   m.impl("attention", SAGE_KERNEL(attention));
 }
 
-// Importing sageattn3._C loads this library, whose static initializers register the kernels above; the module
-// itself is empty (torch.ops.load_library loads it the same way).
-PyMODINIT_FUNC PyInit__C() {
-  static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr, nullptr, nullptr, nullptr, nullptr};
-  return PyModule_Create(&module);
-}
+SAGE_PYTHON_MODULE(_C)

@@ -3,9 +3,11 @@
 //                      TORCH_TARGET_VERSION so one binary loads under every torch from that version on;
 //   otherwise          ATen and TORCH_LIBRARY, for one torch version (the builds for torch < 2.10).
 // A binding written against this header compiles unchanged in both. It registers kernels only: the operator
-// schemas and their fake implementations are declared once, in Python (torch.library.define).
+// schemas and their fake implementations are declared once, in Python (torch.library.define). Include it first:
+// it includes Python.h (CPython's limited API when Py_LIMITED_API is defined, as the stable-ABI build does).
 #pragma once
 
+#include <Python.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -116,3 +118,12 @@ inline cudaStream_t current_stream(int device) { return c10::cuda::getCurrentCUD
 #define SAGE_CUDA_KERNELS(ns, m) TORCH_LIBRARY_IMPL(ns, CUDA, m)
 #define SAGE_KERNEL(function) TORCH_FN(function)
 #endif
+
+// SAGE_PYTHON_MODULE(_C) defines the module whose import loads the library, and so runs its registrations; the
+// module itself is empty (torch.ops.load_library loads the library the same way).
+#define SAGE_PYTHON_MODULE(name)                                                                              \
+  PyMODINIT_FUNC PyInit_##name() {                                                                           \
+    static PyModuleDef module = {PyModuleDef_HEAD_INIT, #name, nullptr, -1, nullptr, nullptr, nullptr, nullptr, \
+                                 nullptr};                                                                   \
+    return PyModule_Create(&module);                                                                         \
+  }
