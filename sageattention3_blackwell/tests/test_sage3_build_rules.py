@@ -53,3 +53,25 @@ def test_package_imports_without_gpu_or_extension():
     code = "import sageattn3, importlib.util; print(sageattn3.__version__, importlib.util.find_spec('sageattn3._C'))"
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert run.stdout.split()[0] == "1.0.0"
+
+
+@pytest.mark.parametrize("torch_version, setting, stable", [
+    ("2.10.0", None, True), ("2.14.1+cu130", "", True), ("2.13.0+cpu", "0", False), ("2.9.1", None, False),
+    ("2.8.0", "0", False), ("2.11.0", "1", True),
+])
+def test_stable_abi_from_torch_2_10_unless_asked_otherwise(torch_version, setting, stable):
+    assert build_rules.use_stable_abi(torch_version, setting) is stable
+
+
+def test_stable_abi_refused_below_torch_2_10_and_bad_settings():
+    with pytest.raises(RuntimeError, match="needs torch >= 2.10"):
+        build_rules.use_stable_abi("2.9.1", "1")
+    with pytest.raises(ValueError, match="use 1 .* or 0"):
+        build_rules.use_stable_abi("2.11.0", "yes")
+
+
+def test_stable_abi_targets_torch_2_10_and_requires_it():
+    # torch/csrc/stable/version.h: TORCH_VERSION_2_10_0 is ((2 << 56) | (10 << 48)).
+    assert int(dict(build_rules.stable_abi_macros())["TORCH_TARGET_VERSION"], 16) == (2 << 56) | (10 << 48)
+    assert build_rules.requirements(stable_abi=True)[0] == "torch>=2.10"
+    assert build_rules.requirements(stable_abi=False)[0] == "torch>=2.7"
