@@ -211,18 +211,25 @@ TORCH_TREES = PACKAGE.parent / ".cache" / "stable-abi-torch"
 
 
 def _torch_tree(version: str) -> Path:
+    import fcntl  # test workers running at once (pytest -n) install each folder once
+
     tree = TORCH_TREES / f"torch-{version}"
-    if (tree / ".complete").is_file():
-        return tree
-    shutil.rmtree(tree, ignore_errors=True)
-    deps = [] if version == CUDA13_TORCH[-1] else ["--no-deps"]
-    # With bytecode compiled at install: an import that compiles torch's sources each time takes 20 s more.
-    run = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                          *deps, "--target", str(tree), f"torch=={version}"],
-                         capture_output=True, text=True)
-    if run.returncode != 0:
-        pytest.skip(f"pip could not install torch {version}: {run.stderr.strip().splitlines()[-1:]}")
-    (tree / ".complete").write_text(version)
+    TORCH_TREES.mkdir(parents=True, exist_ok=True)
+    with open(TORCH_TREES / f"torch-{version}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (tree / ".complete").is_file():
+            return tree
+        shutil.rmtree(tree, ignore_errors=True)
+        deps = [] if version == CUDA13_TORCH[-1] else ["--no-deps"]
+        # With bytecode compiled at install: an import that compiles torch's sources each time takes 20 s more.
+        # Short timeouts: a machine without the network (the GPU machine) skips these tests at once.
+        run = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                              "--timeout", "20", "--retries", "1", *deps, "--target", str(tree), f"torch=={version}"],
+                             capture_output=True, text=True)
+        if run.returncode != 0:
+            shutil.rmtree(tree, ignore_errors=True)
+            pytest.skip(f"pip could not install torch {version}: {run.stderr.strip().splitlines()[-1:]}")
+        (tree / ".complete").write_text(version)
     return tree
 
 
