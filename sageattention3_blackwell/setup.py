@@ -56,8 +56,7 @@ def cuda_build_args() -> dict:
     flags = {"cxx": cxx_flags, "nvcc": nvcc_flags}
     if not stable:
         extension = cpp_extension.CUDAExtension("sageattn3._C", build_rules.SOURCES, extra_compile_args=flags)
-        return {"ext_modules": [extension], "cmdclass": {"build_ext": cpp_extension.BuildExtension},
-                "install_requires": build_rules.requirements(stable_abi=False)}
+        return {"ext_modules": [extension], "cmdclass": {"build_ext": cpp_extension.BuildExtension}}
     # Links libtorch_cpu (the C shim) and the CUDA runtime only; torch_binding.h finds libtorch_cuda at run time.
     extension = Extension(
         "sageattn3._C", build_rules.SOURCES, py_limited_api=True, language="c++", extra_compile_args=flags,
@@ -69,5 +68,5 @@ def cuda_build_args() -> dict:
             "install_requires": build_rules.requirements(stable_abi=True)}
 
 
-args = cuda_build_args()
-setup(**{"install_requires": build_rules.requirements(stable_abi=False), **args})
+# The stable-ABI build says its own torch floor; the others (and the pure-Python package) have the older one.
+setup(**{"install_requires": build_rules.requirements(stable_abi=False), **cuda_build_args()})
