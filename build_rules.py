@@ -6,24 +6,29 @@ so that mixed lists such as "8.0;8.6;9.0;12.0" build. docs/building.md describes
 """
 from __future__ import annotations
 
-import importlib.util
 import re
-from dataclasses import dataclass
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 CSRC = "csrc"
 
+# What both packages' builds share (its docstring says why it lives in sageattn3's folder).
+sys.path.insert(0, str(ROOT / "sageattention3_blackwell"))
+try:
+    import build_support as support
+finally:
+    sys.path.pop(0)
+from build_support import (BuildConfigError, Extension, Target, build_mode, parse_nvcc_archs,  # noqa: E402,F401
+                           parse_nvcc_version)
 
-def _load_archs():
-    # By path: importing the package `sageattention` would import torch, which an isolated build lacks.
-    spec = importlib.util.spec_from_file_location("_sageattention_archs", ROOT / "sageattention" / "archs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+# By path: importing the package would import torch, which an isolated build lacks.
+archs = support.load_by_path(ROOT / "sageattention" / "archs.py", "_sageattention_archs")
 
-
-archs = _load_archs()
+# The version-specific build's torch floor (the stable-ABI build's is build_support.STABLE_ABI_TORCH), and the run
+# requirements besides torch (pyproject.toml leaves them to setup.py: the torch floor depends on the build).
+TORCH_FLOOR = "2.6"
+REQUIREMENTS = ["triton>=3.2; sys_platform == 'linux'", "triton-windows>=3.2; sys_platform == 'win32'"]
 
 # No --use_fast_math: the quantizers need IEEE division. The -U flags undo the half/bfloat16 restrictions torch
 # adds to every .cu file, so that the kernels compile here exactly as plain nvcc compiles them (csrc is torch-free).
@@ -32,91 +37,16 @@ NVCC_FLAGS = ["-O3", "-lineinfo", "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_H
 # The f16-accumulating e4m3 MMA is compiled only under this macro (nvcc >= archs.FP8_F16_ACCUM_MIN_CUDA). A macro,
 # not an nvcc flag: the binding (compiled by the host compiler) must see it too, or it maps the mode away.
 FP8_F16_ACCUM_MACRO = ("SAGE_FP8_F16_ACCUM", "1")
-_ENTRY = re.compile(r"^(?P<arch>\d+\.\d+)(?P<suffix>[af]?)(?P<ptx>\+PTX)?$")
-
-
-class BuildConfigError(ValueError):
-    """TORCH_CUDA_ARCH_LIST, SAGE_BUILD_CUDA or the CUDA toolkit cannot give the build asked for."""
-
-
-@dataclass(frozen=True)
-class Target:
-    """One TORCH_CUDA_ARCH_LIST entry: "9.0a+PTX" is Target("9.0", "a", True)."""
-
-    arch: str
-    suffix: str = ""
-    ptx: bool = False
-
-    @property
-    def sm(self) -> str:
-        return self.arch.replace(".", "") + self.suffix
-
-    def gencode(self) -> list[str]:
-        """SASS for the arch, plus its PTX (which newer GPUs JIT-compile) for "+PTX"."""
-        flags = [f"-gencode=arch=compute_{self.sm},code=sm_{self.sm}"]
-        if self.ptx:
-            flags.append(f"-gencode=arch=compute_{self.sm},code=compute_{self.sm}")
-        return flags
-
-
-@dataclass(frozen=True)
-class Extension:
-    """One extension module to compile: its name, its sources (relative to the root), its nvcc flags and the macros
-    that every compiler of it (nvcc and the host's) defines."""
-
-    name: str
-    sources: list[str]
-    nvcc_flags: list[str]
-    macros: list[tuple[str, str]]
-
-
-def supported() -> str:
-    return ", ".join(archs.ARCH_FAMILY)
-
-
-def build_mode(value: str | None) -> str:
-    """SAGE_BUILD_CUDA -> "on" (build or fail), "off" (pure Python, Triton only) or "auto" (unset)."""
-    modes = {"1": "on", "0": "off", "": "auto"}
-    key = (value or "").strip()
-    if key not in modes:
-        raise BuildConfigError(f"SAGE_BUILD_CUDA={value!r}: use 1 (build the CUDA extensions or fail), "
-                               "0 (pure Python, Triton kernels only) or leave it unset (build when torch with CUDA "
-                               "and nvcc are present)")
-    return modes[key]
 
 
 def parse_arch_list(text: str) -> list[Target]:
     """TORCH_CUDA_ARCH_LIST ("8.0;8.6", "9.0a 12.0", "8.9,12.0+PTX") -> targets, in order, without repeats."""
-    targets = []
-    for entry in filter(None, re.split(r"[;\s,]+", text.strip())):
-        m = _ENTRY.match(entry)
-        if not m or m["arch"] not in archs.ARCH_FAMILY:
-            raise BuildConfigError(f"TORCH_CUDA_ARCH_LIST entry {entry!r} is not supported; sageattention builds "
-                                   f"for {supported()} (each optionally with an 'a' or 'f' suffix or '+PTX')")
-        target = Target(m["arch"], m["suffix"], bool(m["ptx"]))
-        if target not in targets:
-            targets.append(target)
-    if not targets:
-        raise BuildConfigError(f"TORCH_CUDA_ARCH_LIST {text!r} names no architecture; supported: {supported()}")
-    return targets
-
-
-def parse_nvcc_version(output: str) -> tuple[int, int]:
-    """`nvcc --version` -> (major, minor)."""
-    m = re.search(r"release (\d+)\.(\d+)", output)
-    if not m:
-        raise BuildConfigError(f"cannot read the CUDA version from nvcc --version:\n{output}")
-    return int(m[1]), int(m[2])
-
-
-def parse_nvcc_archs(output: str) -> set[str]:
-    """`nvcc --list-gpu-arch` ("compute_80", "compute_120", ...) -> {"8.0", "12.0", ...}."""
-    return {f"{num[:-1]}.{num[-1]}" for num in re.findall(r"compute_(\d+)", output)}
+    return support.parse_arch_list(text, archs.ARCH_FAMILY, "sageattention")
 
 
 def default_arch_list(nvcc_archs: set[str]) -> str:
     """Every supported arch that this nvcc can compile for."""
-    return ";".join(a for a in archs.ARCH_FAMILY if a in nvcc_archs)
+    return support.default_arch_list(archs.ARCH_FAMILY, nvcc_archs)
 
 
 def _version(t: tuple[int, int]) -> str:
@@ -142,11 +72,7 @@ def families_for(targets: list[Target]) -> list[str]:
 
 def check_nvcc(targets: list[Target], nvcc: tuple[int, int], nvcc_archs: set[str]) -> None:
     """nvcc must target every arch and be new enough for every family it compiles."""
-    missing = [t.arch for t in targets if t.arch not in nvcc_archs]
-    if missing:
-        raise BuildConfigError(f"nvcc {_version(nvcc)} cannot compile for {', '.join(missing)} (it targets "
-                               f"{', '.join(sorted(nvcc_archs, key=archs.version_tuple))}); use a newer CUDA "
-                               "toolkit or drop these archs from TORCH_CUDA_ARCH_LIST")
+    support.check_nvcc_archs(targets, nvcc, nvcc_archs)
     for family in families_for(targets):
         chosen, info = family_targets(targets, family), archs.FAMILIES[family]
         if nvcc < archs.version_tuple(info["min_cuda"]):
@@ -198,5 +124,5 @@ def plan(arch_list: str | None, nvcc_version_output: str, nvcc_arch_output: str,
         f16_accum = archs.FAMILIES[family].get("f16_accum") and nvcc >= archs.version_tuple(
             archs.FP8_F16_ACCUM_MIN_CUDA)
         extensions.append(Extension(f"sageattention._C_{family}", family_sources(family, root), flags,
-                                    [FP8_F16_ACCUM_MACRO] if f16_accum else []))
+                                    [FP8_F16_ACCUM_MACRO] if f16_accum else [], [str(root / CSRC)]))
     return only_families(extensions, families, arch_list)

@@ -8,8 +8,9 @@ import logging
 import torch
 
 from . import dispatch, fallback, inputs, ops
+from .compiled_call import CompiledCall, Granularity, PvAccum
 from .plan import Plan
-from .quant_groups import GRANULARITIES, check_granularity
+from .quant_groups import check_granularity
 
 _log = logging.getLogger("sageattention")
 
@@ -36,8 +37,6 @@ SAGEATTN_GRAN = "per_warp"
 # one K scale per tile) and are what meets the accuracy target (docs/decisions/0003-per-thread-int8-scales.md).
 SAGEATTN_GRAN_COMPILED = "per_thread"
 COMPILED_MAX_HEAD_DIM = 128
-GRAN_CODE = {name: i for i, name in enumerate(GRANULARITIES)}  # csrc/common/params.h: Granularity
-ACC_F32, ACC_TWO_LEVEL, ACC_F16_INNER = 0, 1, 2  # csrc/common/params.h: PvAccum
 
 SAGEATTN_KWARGS = frozenset(("attn_mask", "dropout_p", "smooth_k", "smooth_v", "qk_quant_gran", "pv_accum_dtype",
                              "quantization_backend"))
@@ -65,19 +64,20 @@ def sageattn_plan(cap) -> Plan:
                         accum_choices=None, smooth_k=True, smooth_v=False)
 
 
-def compiled_accum(plan: Plan) -> int:
+def compiled_accum(plan: Plan) -> PvAccum:
     """The compiled kernels' P·V accumulation for a plan. 16-bit P·V: the fp16 modes accumulate each 64-key tile in
     fp16 (a tile that would overflow is redone in fp32), "fp32" accumulates in fp32."""
     if plan.pv_fp8:
-        return ACC_F16_INNER if plan.pv_inner_fp16 else ACC_TWO_LEVEL if plan.pv_two_level else ACC_F32
-    return ACC_F16_INNER if plan.pv_two_level else ACC_F32
+        return (PvAccum.ACC_F16_INNER if plan.pv_inner_fp16 else PvAccum.ACC_TWO_LEVEL if plan.pv_two_level
+                else PvAccum.ACC_F32)
+    return PvAccum.ACC_F16_INNER if plan.pv_two_level else PvAccum.ACC_F32
 
 
 def _route(fn_name, device, cap, plan, *, b, hq, nq, nk, d, is_causal, causal_offset, masked, return_lse, kernels):
     """Which kernels run a call: ("sdpa", why), ("compiled", family) or ("triton", why). kernels, what the entry point
     may run: "auto" (sageattn: SDPA for small problems, else the compiled kernels where built and archs.py prefers
     them, unless they run slower than SDPA at that length, else Triton), "compiled" (the `_cuda` variants: the
-    compiled kernels wherever built) or "triton" (the `_triton` variant, and sageattn pinned to Triton by bench/)."""
+    compiled kernels wherever built) or "triton" (the `_triton` variant, and sageattn pinned to Triton by sageattention.bench)."""
     if kernels == "auto":
         why = fallback.sdpa_reason(b, hq, nq, nk, d, is_causal=is_causal, causal_offset=causal_offset, masked=masked,
                                    return_lse=return_lse)
@@ -134,18 +134,20 @@ def _prepare(fn_name, q, k, v, *, tensor_layout, is_causal, sm_scale, qk_quant_g
         def run(q, k, v):
             return fallback.sdpa(q, k, v, tensor_layout, is_causal, causal_offset, scale)
     elif backend == "compiled":
-        args = (tensor_layout == "NHD", is_causal, causal_offset, scale, detail, GRAN_CODE[plan.qk_quant_gran],
-                compiled_accum(plan), plan.smooth_k, plan.smooth_v, return_lse)
+        call = CompiledCall(family=detail, nhd=tensor_layout == "NHD", is_causal=is_causal,
+                            causal_offset=causal_offset, sm_scale=scale,
+                            qk_gran=Granularity.named(plan.qk_quant_gran), pv_accum=compiled_accum(plan),
+                            smooth_k=plan.smooth_k, smooth_v=plan.smooth_v, return_lse=return_lse)
 
         def run(q, k, v):
-            out, lse = ops.run_compiled_attention(q, k, v, *args)
+            out, lse = ops.run_compiled_attention(q, k, v, call)
             return (out, lse) if return_lse else out
     else:
-        args = (mask, tensor_layout, is_causal, causal_offset, scale, *plan.fields(), return_lse,
-                fn_name if kernels == "compiled" else "")
+        call = ops.TritonCall(mask, tensor_layout, is_causal, causal_offset, scale, *plan.fields(), return_lse,
+                              fn_name if kernels == "compiled" else "")
 
         def run(q, k, v):
-            out, lse = ops.run_attention(q, k, v, *args)
+            out, lse = ops.run_attention(q, k, v, call)
             return (out, lse) if return_lse else out
     return run, backend, detail
 
@@ -216,7 +218,7 @@ def sageattn(q, k, v, tensor_layout="HND", is_causal=False, sm_scale=None, retur
 
 
 def _sageattn(q, k, v, tensor_layout, is_causal, sm_scale, return_lse, kwargs, kernels="auto"):
-    """sageattn's `_prepare`; kernels="triton" pins it to the Triton kernels (bench/)."""
+    """sageattn's `_prepare`; kernels="triton" pins it to the Triton kernels (sageattention.bench)."""
     inputs.check_kwargs("sageattn", kwargs, SAGEATTN_KWARGS)
     _check_quant_backend(kwargs.get("quantization_backend", "triton"))
     return _prepare(

@@ -6,6 +6,7 @@ import warnings
 
 import torch
 
+from .compiled_call import CompiledCall
 from .dispatch import capability, compiled_family, compiled_module
 from .inputs import to_hnd
 from .plan import Plan
@@ -27,12 +28,9 @@ def note_cuda_fallback(variant: str, device: torch.device, pv_fp8: bool) -> None
     )
 
 
-def compiled(q, k, v, nhd: bool, is_causal: bool, causal_offset: int, sm_scale: float, family: str, qk_gran: int,
-             pv_accum: int, smooth_k: bool, smooth_v: bool, return_lse: bool):
-    """The compiled kernels: quantization and attention in one extension call. Causal: key j is visible to query i
-    when j <= i + causal_offset."""
-    out, lse = compiled_module(family).attention(q, k, v, nhd, is_causal, causal_offset, sm_scale, qk_gran, qk_gran,
-                                                 pv_accum, smooth_k, smooth_v, return_lse)
+def compiled(q, k, v, call: CompiledCall):
+    """The compiled kernels: quantization and attention in one extension call."""
+    out, lse = compiled_module(call.family).attention(q, k, v, *call.kernel_args())
     return out, lse  # the extension returns a list; the op's schema is a tuple
 
 

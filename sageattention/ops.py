@@ -1,35 +1,71 @@
 """torch.library registration: one custom op per entry point, with fake (meta) implementations,
 so `torch.compile(fullgraph=True)` traces through sageattention without a graph break, and with backward
 formulas (the gradient of exact attention: sageattention/backward.py)."""
+import typing
 from typing import Optional
 
 import torch
 
 from . import backward, forward, inputs
+from .compiled_call import CompiledCall
 from .inputs import to_hnd
 from .plan import Plan
 
 
-def _attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Optional[torch.Tensor], tensor_layout: str,
-    is_causal: bool, causal_offset: int, sm_scale: float, qk_quant_gran: str, pv_fp8: bool, pv_two_level: bool,
-    pv_inner_fp16: bool, smooth_k: bool, smooth_v: bool, return_lse: bool, cuda_variant: str,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    forward.note_cuda_fallback(cuda_variant, q.device, pv_fp8)
-    plan = Plan(qk_quant_gran, pv_fp8, pv_two_level, pv_inner_fp16, smooth_k, smooth_v)
-    return forward.dense(q, k, v, attn_mask, tensor_layout, is_causal, causal_offset, sm_scale, plan, return_lse)
+class TritonCall(typing.NamedTuple):
+    """Everything but q, k, v that the Triton path's op takes; the field types give its schema (the compiled kernels'
+    op takes compiled_call.CompiledCall)."""
+
+    attn_mask: Optional[torch.Tensor]
+    tensor_layout: str
+    is_causal: bool
+    causal_offset: int
+    sm_scale: float
+    qk_quant_gran: str  # then the rest of Plan's fields, in its order
+    pv_fp8: bool
+    pv_two_level: bool
+    pv_inner_fp16: bool
+    smooth_k: bool
+    smooth_v: bool
+    return_lse: bool
+    cuda_variant: str  # the `_cuda` variant that runs on Triton here ("" for others): it warns once
+
+    @property
+    def plan(self) -> Plan:
+        return Plan(*self[5:11])
 
 
-attention = torch.library.custom_op("sageattention::attention", _attention, mutates_args=())
+def _schema(fields: type) -> str:
+    """The op schema of (q, k, v, *fields) -> (out, lse), from the NamedTuple's field types."""
+    types = {bool: "bool", int: "int", float: "float", str: "str", torch.Tensor: "Tensor"}
+    hints = typing.get_type_hints(fields)
+
+    def schema_type(kind) -> str:
+        if typing.get_origin(kind) is typing.Union:  # Optional[X]
+            return schema_type(next(t for t in typing.get_args(kind) if t is not type(None))) + "?"
+        return next(t for base, t in types.items() if issubclass(kind, base))
+
+    args = ", ".join(f"{schema_type(kind)} {name}" for name, kind in hints.items())
+    return f"(Tensor q, Tensor k, Tensor v, {args}) -> (Tensor, Tensor)"
+
+
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *call) -> tuple[torch.Tensor, torch.Tensor]:
+    call = TritonCall(*call)
+    forward.note_cuda_fallback(call.cuda_variant, q.device, call.pv_fp8)
+    return forward.dense(q, k, v, call.attn_mask, call.tensor_layout, call.is_causal, call.causal_offset,
+                         call.sm_scale, call.plan, call.return_lse)
+
+
+attention = torch.library.custom_op("sageattention::attention", _attention, mutates_args=(), schema=_schema(TritonCall))
 
 
 @attention.register_fake
-def _attention_fake(q, k, v, attn_mask, tensor_layout, is_causal, causal_offset, sm_scale, qk_quant_gran, pv_fp8,
-                    pv_two_level, pv_inner_fp16, smooth_k, smooth_v, return_lse, cuda_variant):
+def _attention_fake(q, k, v, *call):
+    call = TritonCall(*call)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    if not return_lse:
+    if not call.return_lse:
         return out, q.new_empty((0,), dtype=torch.float32)
-    b, h, n, _ = to_hnd(q, tensor_layout).shape
+    b, h, n, _ = to_hnd(q, call.tensor_layout).shape
     return out, q.new_empty((b, h, n), dtype=torch.float32)
 
 
@@ -58,25 +94,21 @@ def _attention_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, is
     return torch.empty(q.shape, dtype=q.dtype, device=q.device)
 
 
-def _compiled_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, nhd: bool, is_causal: bool, causal_offset: int,
-    sm_scale: float, family: str, qk_gran: int, pv_accum: int, smooth_k: bool, smooth_v: bool, return_lse: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return forward.compiled(q, k, v, nhd, is_causal, causal_offset, sm_scale, family, qk_gran, pv_accum, smooth_k,
-                            smooth_v, return_lse)
+def _compiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *call) -> tuple[torch.Tensor, torch.Tensor]:
+    return forward.compiled(q, k, v, CompiledCall(*call))
 
 
 compiled_attention = torch.library.custom_op("sageattention::compiled_attention", _compiled_attention,
-                                             mutates_args=())
+                                             mutates_args=(), schema=_schema(CompiledCall))
 
 
 @compiled_attention.register_fake
-def _compiled_attention_fake(q, k, v, nhd, is_causal, causal_offset, sm_scale, family, qk_gran, pv_accum, smooth_k,
-                             smooth_v, return_lse):
+def _compiled_attention_fake(q, k, v, *call):
+    call = CompiledCall(*call)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # contiguous in the caller's layout, like the kernel
-    if not return_lse:
+    if not call.return_lse:
         return out, q.new_empty((0,), dtype=torch.float32)
-    b, h, n, _ = to_hnd(q, "NHD" if nhd else "HND").shape
+    b, h, n, _ = to_hnd(q, "NHD" if call.nhd else "HND").shape
     return out, q.new_empty((b, h, n), dtype=torch.float32)
 
 
@@ -87,17 +119,17 @@ def _save_inputs(ctx, inputs, output):
 
 def _attention_backward(ctx, grad_out, grad_lse):
     q, k, v = ctx.saved_tensors
-    attn_mask, tensor_layout, is_causal, causal_offset, sm_scale = ctx.args[:5]
-    grads = backward.dense_backward(grad_out, grad_lse, q, k, v, attn_mask, tensor_layout, is_causal, causal_offset,
-                                    sm_scale)
+    call = TritonCall(*ctx.args)
+    grads = backward.dense_backward(grad_out, grad_lse, q, k, v, call.attn_mask, call.tensor_layout, call.is_causal,
+                                    call.causal_offset, call.sm_scale)
     return *grads, *(None,) * len(ctx.args)
 
 
 def _compiled_attention_backward(ctx, grad_out, grad_lse):
     q, k, v = ctx.saved_tensors
-    nhd, is_causal, causal_offset, sm_scale = ctx.args[:4]
-    grads = backward.dense_backward(grad_out, grad_lse, q, k, v, None, "NHD" if nhd else "HND", is_causal,
-                                    causal_offset, sm_scale)
+    call = CompiledCall(*ctx.args)
+    grads = backward.dense_backward(grad_out, grad_lse, q, k, v, None, "NHD" if call.nhd else "HND", call.is_causal,
+                                    call.causal_offset, call.sm_scale)
     return *grads, *(None,) * len(ctx.args)
 
 
@@ -123,12 +155,12 @@ def call(op, impl, *args):
     return impl(*args)
 
 
-def run_attention(*args):
-    return call(attention, _attention, *args)
+def run_attention(q, k, v, triton_call: TritonCall):
+    return call(attention, _attention, q, k, v, *triton_call)
 
 
-def run_compiled_attention(*args):
-    return call(compiled_attention, _compiled_attention, *args)
+def run_compiled_attention(q, k, v, compiled_call: CompiledCall):
+    return call(compiled_attention, _compiled_attention, q, k, v, *compiled_call)
 
 
 def run_attention_varlen(*args):

@@ -154,6 +154,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
         variants = [v for v in variants if v.name in args.variant]
     if not variants:
         raise VariantError(f"profile {args.profile!r} has no {args.platform} variant of {args.package}")
+    # rattler-build hides the caller's environment from the recipe: its arch list travels in the variant config
+    variants = [v.with_arch_list(os.environ.get("TORCH_CUDA_ARCH_LIST")) for v in variants]
     console.print(plan_table(variants, f"{args.package} · profile {args.profile} · {args.platform}"))
     if args.dry_run:
         return 0

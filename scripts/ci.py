@@ -25,7 +25,7 @@ from packaging.version import InvalidVersion, Version
 
 from scripts.index_pages import write_indexes
 from scripts.outputs import finished
-from scripts.variants import PACKAGES, PLATFORMS, Variant, VariantError, load
+from scripts.variants import PACKAGES, PLATFORMS, Variant, VariantError, cuda_floor_error, load
 from scripts.wheel_names import is_wheel_named, wheel_flavour
 
 DEFAULT_CHANNEL = "sageattention"  # prefix.dev channel when the PREFIX_CHANNEL variable is unset
@@ -72,7 +72,7 @@ def release_variants(tag: str, platform: str | None = None) -> list[Variant]:
     package, version = release_of(tag)
     matrix = load(package)
     if version != matrix.version:
-        raise CIError(f"tag {tag} says {package} {version}, but variants/{package}.yaml builds {matrix.version}; "
+        raise CIError(f"tag {tag} says {package} {version}, but the sources build {package} {matrix.version} (its __version__); "
                       "move the tag or bump the version")
     chosen = matrix.select(RELEASES[package].profile, platform)
     return sorted(chosen, key=lambda v: (v.platform, Version(v.torch_version), Version(v.python)))
@@ -129,8 +129,7 @@ def build_problems(v: Variant, where: Path) -> list[str]:
     for wheel in wheels:
         _, cuda = wheel_flavour(wheel.name)
         if floor and Version(cuda) < Version(floor):
-            found.append(f"{wheel.name}: {v.short.capitalize()} is only supported on CUDA {floor} and above "
-                         f"(this wheel is built for CUDA {cuda})")
+            found.append(f"{wheel.name}: {cuda_floor_error(v.short, floor)} (this wheel is built for CUDA {cuda})")
     return found
 
 

@@ -47,6 +47,7 @@ from rich.table import Table
 
 from scripts import ci, standin_channel, wheel_check
 from scripts.matrix import console as make_console
+from scripts import variants
 from scripts.variants import ROOT, Variant, VariantError, load
 
 PROFILE = "pytorch211"
@@ -172,8 +173,7 @@ def check_wheel_kernels(v: Variant, wheel: Path, cuobjdump: Path) -> str:
 
 def recipe_source(v: Variant) -> Path:
     """The source tree the recipe builds (its source.path)."""
-    recipe = ROOT / v.recipe
-    return (recipe.parent / yaml.safe_load(recipe.read_text())["source"]["path"]).resolve()
+    return variants.recipe_source(v.recipe, ROOT)
 
 
 def check_license(v: Variant, extracted: Path) -> str:

@@ -5,6 +5,7 @@ validated once, with errors that name the file, the row and what is supported.
 """
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
@@ -56,10 +57,11 @@ class Variant:
     toolchain: dict = field(compare=False, hash=False)
     wheel_platform: str = ""
     arch_tag: str = ""  # set by with_arch_list: built for other archs than cuda_arch_list
+    arch_list: str = ""  # set by with_arch_list: the caller's TORCH_CUDA_ARCH_LIST
 
     def with_arch_list(self, arch_list: str | None) -> Variant:
-        """This variant built with TORCH_CUDA_ARCH_LIST=arch_list, named as the recipes name such a build."""
-        return replace(self, arch_tag=arch_tag(arch_list, self.cuda_arch_list))
+        """This variant built with TORCH_CUDA_ARCH_LIST=arch_list (None or empty: its own list), and named so."""
+        return replace(self, arch_tag=arch_tag(arch_list, self.cuda_arch_list), arch_list=(arch_list or "").strip())
 
     @property
     def torch(self) -> str:
@@ -98,7 +100,10 @@ class Variant:
             "pytorch": self.torch,
             "cuda_compiler": self.toolchain["cuda_compiler"],
             "cuda_compiler_version": self.cuda,
-            "cuda_arch_list": self.cuda_arch_list,
+            # what the build compiles for, and what its build string records of that (wheel_names.arch_tag)
+            "cuda_arch_list": self.arch_list or self.cuda_arch_list,
+            "arch_tag": f"sm{self.arch_tag}" if self.arch_tag else "",
+            "package_version": self.version,
             **{k: v for k, v in self.toolchain.items() if k != "cuda_compiler"},
         }
 
@@ -145,7 +150,7 @@ class Matrix:
     variants: list[Variant]
     unavailable: list[Unavailable]
     profiles: dict[str, dict]
-    min_cuda: str | None = None  # the package refuses older CUDA (sageattn3: 12.8)
+    min_cuda: str | None = None  # the package refuses older CUDA (its archs.py's MIN_CUDA)
     wheel_requires: dict[str, list[str]] = field(default_factory=dict)  # platform -> wheel-only Requires-Dist
 
     def named(self, name: str, profile: str | None = None, platform: str | None = None) -> Variant:
@@ -271,6 +276,33 @@ class _Facts:
         return base
 
 
+def recipe_source(recipe: str, root: Path = ROOT) -> Path:
+    """The source tree a recipe (a path relative to `root`) builds, its source.path: the package's project root."""
+    path = root / recipe
+    return (path.parent / load_yaml(path)["source"]["path"]).resolve()
+
+
+def constants(path: Path) -> dict:
+    """A Python file's top-level `NAME = literal` assignments, read without running it (the package's __init__
+    imports torch)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return {node.targets[0].id: ast.literal_eval(node.value) for node in tree.body
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+            and isinstance(node.value, ast.Constant)}
+
+
+def package_facts(spec: dict) -> tuple[str, str | None]:
+    """(version, CUDA floor or None) of a package, from its sources: __version__ in its __init__.py (which
+    pyproject.toml reads too) and MIN_CUDA in its archs.py."""
+    package_dir = recipe_source(spec["recipe"]) / spec["import"]
+    return constants(package_dir / "__init__.py")["__version__"], constants(package_dir / "archs.py").get("MIN_CUDA")
+
+
+def cuda_floor_error(short: str, floor: str) -> str:
+    """What a package says of a CUDA older than its floor (the sageattn3 build says the same)."""
+    return f"{short.capitalize()} is only supported on CUDA {floor} and above"
+
+
 @cache
 def load(package: str, root: Path = VARIANTS_DIR) -> Matrix:
     """Read and validate one package's matrix; raises VariantError naming the problem."""
@@ -282,6 +314,7 @@ def load(package: str, root: Path = VARIANTS_DIR) -> Matrix:
                            f"{package}.yaml must describe {package!r}")
     current = read(root / "current.yaml", "current")
     facts = _Facts(root)
+    version, min_cuda = package_facts(spec)
     if spec["arch_list"] not in spec["arch_lists"]:
         raise VariantError(f"{package}.yaml: arch_list {spec['arch_list']!r} is not one of "
                            f"{', '.join(spec['arch_lists'])}")
@@ -290,22 +323,21 @@ def load(package: str, root: Path = VARIANTS_DIR) -> Matrix:
     unavailable: list[Unavailable] = []
     for row_set, row in rows:
         for platform in PLATFORMS:
-            made = _expand(spec, facts, row_set, row, platform)
+            made = _expand(spec, version, min_cuda, facts, row_set, row, platform)
             if isinstance(made, Unavailable):
                 unavailable.append(made)
             else:
                 variants.extend(made)
     _check_unique(package, variants)
     profiles = {**spec["profiles"], **current["profiles"]}
-    matrix = Matrix(package, spec["version"], variants, unavailable, profiles, spec.get("min_cuda"),
-                    spec.get("wheel_requires", {}))
+    matrix = Matrix(package, version, variants, unavailable, profiles, min_cuda, spec.get("wheel_requires", {}))
     for name in profiles:
         if not matrix.select(name):
             raise VariantError(f"{package}: profile {name!r} selects no variant; check its select entries")
     return matrix
 
 
-def _expand(spec: dict, facts: _Facts, row_set: str, row: dict, platform: str):
+def _expand(spec: dict, version: str, min_cuda: str | None, facts: _Facts, row_set: str, row: dict, platform: str):
     package = spec["package"]
     label = f"{package} row torch {row['torch']} + CUDA {row['cuda']} on {platform}"
     mapping = row.get("conda", {}).get(platform, {})
@@ -313,11 +345,9 @@ def _expand(spec: dict, facts: _Facts, row_set: str, row: dict, platform: str):
         return Unavailable(package, platform, row["torch"], row["cuda"], tuple(row["python"]), mapping["unavailable"])
     torch = mapping.get("torch", row["torch"])
     cuda = mapping.get("cuda", _minor(row["cuda"]))
-    min_cuda = spec.get("min_cuda")
     for asked in {_minor(row["cuda"]), cuda}:
         if min_cuda and Version(asked) < Version(min_cuda):
-            raise VariantError(f"{spec['short'].capitalize()} is only supported on CUDA {min_cuda} and above "
-                               f"({label} asks for CUDA {asked})")
+            raise VariantError(f"{cuda_floor_error(spec['short'], min_cuda)} ({label} asks for CUDA {asked})")
     if cuda not in facts.cuda_lines(platform, torch):
         hint = "" if mapping else "; name a substitute under conda:" + f" {platform} or mark it unavailable"
         raise VariantError(f"{label}: conda-forge has no pytorch {torch} build with CUDA {cuda} on {platform} "
@@ -332,7 +362,7 @@ def _expand(spec: dict, facts: _Facts, row_set: str, row: dict, platform: str):
     substitute = None
     if mapping:
         substitute = f"torch {torch} + CUDA {cuda} instead of torch {row['torch']} + CUDA {row['cuda']}: {mapping['why']}"
-    return [Variant(package=package, version=spec["version"], short=spec["short"], import_name=spec["import"],
+    return [Variant(package=package, version=version, short=spec["short"], import_name=spec["import"],
                     recipe=spec["recipe"], platform=platform, row_set=row_set, python=py,
                     requested_torch=row["torch"], requested_cuda=row["cuda"], torch_version=torch, cuda=cuda,
                     substitute=substitute, cuda_arch_list=";".join(archs),

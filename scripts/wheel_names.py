@@ -58,8 +58,8 @@ class Flavour:
 
 def arch_tag(arch_list: str | None, variant_list: str) -> str:
     """What a build string records of TORCH_CUDA_ARCH_LIST: "" when the build uses the variant's list (unset or
-    equal), else the list in build-string characters, "9.0a;12.0+PTX" -> "90a.120ptx". The recipes' `arch_tag`
-    computes the same in Jinja (tests/distribution/test_recipes.py renders both and compares)."""
+    equal), else the list in build-string characters, "9.0a;12.0+PTX" -> "90a.120ptx". The recipes get it through
+    the variant config (Variant.variant_config)."""
     chosen = (arch_list or "").strip() or variant_list
     if chosen == variant_list:
         return ""

@@ -1,5 +1,5 @@
 """The product speaks of the product: no tracked file (code, docs, tests, result files, their names) cites a numbered
-working session or a work log. Measured decisions live in docs/decisions/, results of record in
+working session or a diary. Measured decisions live in docs/decisions/, results of record in
 docs/performance.md, history in git; every decision note a file cites exists."""
 import re
 import subprocess

@@ -152,11 +152,12 @@ inline torch::Tensor copy_engine_readable(const torch::Tensor& t) {
 // The fused op: quantize, attend, return (out in the caller's layout, lse [B, Hq, Nq] fp32 or an empty tensor).
 // kPvFp8: this module's P·V (FP8 for the sm89 family, V's 16-bit dtype for sm80). kKernelQuantizesQ: the attention
 // kernel quantizes Q itself from the caller's tensor (sm90), so prepare() leaves Q alone.
+// The parameters after q, k, v are sageattention/compiled_call.py's CompiledCall after `family`, in order (a test
+// checks the names).
 template <bool kPvFp8, bool kKernelQuantizesQ>
 std::vector<torch::Tensor> attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, bool nhd,
-                                     bool causal, int64_t causal_offset, double sm_scale, int64_t q_gran,
-                                     int64_t k_gran, int64_t pv_accum, bool smooth_k, bool smooth_v,
-                                     bool return_lse) {
+                                     bool is_causal, int64_t causal_offset, double sm_scale, int64_t qk_gran,
+                                     int64_t pv_accum, bool smooth_k, bool smooth_v, bool return_lse) {
   const Views x = check_inputs(q, k, v, nhd);
   TORCH_CHECK(pv_accum >= sage::kAccF32 && pv_accum <= sage::kAccF16Inner, "pv_accum must be 0, 1 or 2");
   const c10::cuda::CUDAGuard guard(q.device());
@@ -174,7 +175,7 @@ std::vector<torch::Tensor> attention(const torch::Tensor& q, const torch::Tensor
   // (copied before the preparation: the sm90 kernel may start before the launch ahead of it ends, and reads q16
   // without waiting for it)
   const torch::Tensor q16 = kKernelQuantizesQ ? copy_engine_readable(x.q) : torch::Tensor();
-  const Workspace w = prepare(x, !kKernelQuantizesQ, static_cast<int>(q_gran), static_cast<int>(k_gran), v_mode,
+  const Workspace w = prepare(x, !kKernelQuantizesQ, static_cast<int>(qk_gran), static_cast<int>(qk_gran), v_mode,
                               smooth_k, smooth_v, v_max, stream);
   const sage::PrepareParams& p = w.p;
   torch::Tensor out = torch::empty(q.sizes(), q.options());
@@ -185,7 +186,7 @@ std::vector<torch::Tensor> attention(const torch::Tensor& q, const torch::Tensor
   a.q_i8 = p.q_i8, a.q_scale = p.q_scale, a.k_i8 = p.k_i8, a.k_scale = p.k_scale;
   a.kv_ready = p.kv_ready;
   if (kKernelQuantizesQ) a.q16 = strided(q16);
-  a.q_gran = static_cast<int>(q_gran);
+  a.q_gran = static_cast<int>(qk_gran);
   if (v_mode == sage::kVNone) a.v = strided(x.v);
   else a.v = {p.v_out, x.hk * p.nk_pad * d_pad, p.nk_pad * d_pad, d_pad};  // (fp8 V^T: only .ptr is read)
   a.v_scale = p.v_scale, a.v_max = v_max, a.v_mean = p.v_mean;
@@ -194,7 +195,7 @@ std::vector<torch::Tensor> attention(const torch::Tensor& q, const torch::Tensor
   a.batch = p.batch, a.hq = p.hq, a.hk = p.hk, a.nq = p.nq, a.nk = p.nk, a.d = p.d;
   a.nq_pad = p.nq_pad, a.nk_pad = p.nk_pad;
   a.scale_log2 = static_cast<float>(sm_scale) * 1.4426950408889634f;
-  a.causal = causal, a.causal_offset = static_cast<int>(causal_offset), a.pv_accum = accum;
+  a.causal = is_causal, a.causal_offset = static_cast<int>(causal_offset), a.pv_accum = accum;
   const sage::DType dtype = q.scalar_type() == at::kBFloat16 ? sage::kBF16 : sage::kF16;
   if constexpr (kPvFp8) sage::attention_pv8(a, dtype, static_cast<int>(d_pad), stream);
   else sage::attention_pv16(a, dtype, static_cast<int>(d_pad), stream);

@@ -18,6 +18,8 @@ constexpr int kQBlock = 128;  // query rows per quantization period (and per att
 constexpr int kKBlock = 64;   // keys per attention tile and per per-block K scale
 constexpr int kWarpRows = 16; // query rows per attention warp (one m16 MMA tile)
 
+// The enums that cross the binding: sageattention/compiled_call.py names them alike (kPerBlock is PER_BLOCK), and
+// tests/sageattention/test_compiled_call.py checks that the two agree.
 // Quantization granularity of Q and K (sageattention/quant_groups.py describes the same groups in Python).
 enum Granularity : int { kPerBlock = 0, kPerWarp = 1, kPerThread = 2 };
 // What prepare() does with V.

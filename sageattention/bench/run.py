@@ -22,7 +22,8 @@ import sageattention
 from sageattention import dispatch, forward
 from sageattention.bench.results import add_output_args, document, pyplot, run_meta, save_chart, stem, write_results
 from sageattention.bench.workloads import attention_tops, pinned, sageattn_on_triton, sdpa_call
-from sageattention.core import ACC_TWO_LEVEL, GRAN_CODE, sageattn_plan
+from sageattention.compiled_call import CompiledCall, Granularity, PvAccum
+from sageattention.core import sageattn_plan
 from sageattention.plan import Plan
 from sageattention.triton import attention, pipeline
 
@@ -58,8 +59,9 @@ def compiled_call(family: str, q, k, v, causal: bool):
         mod = dispatch.compiled_module(family)
         if mod is None or not mod.runs_on_current_device():
             raise RuntimeError(f"sageattention._C_{family} is not built for this GPU")
-        return forward.compiled(q, k, v, False, causal, 0, q.shape[-1] ** -0.5, family, GRAN_CODE["per_thread"],
-                                ACC_TWO_LEVEL, True, False, False)
+        return forward.compiled(q, k, v, CompiledCall(family, False, causal, 0, q.shape[-1] ** -0.5,
+                                                      Granularity.PER_THREAD, PvAccum.ACC_TWO_LEVEL, True, False,
+                                                      False))
 
     return call
 

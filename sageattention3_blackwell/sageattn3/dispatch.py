@@ -16,9 +16,12 @@ import warnings
 
 import torch
 
+from .archs import ARCH_KERNEL
+
 BACKENDS = ("auto", "cuda", "triton", "reference")
 EMULATION_ENV = "SAGEATTN3_ALLOW_EMULATION"
-SUPPORTED_CAPABILITIES = ((10, 0), (12, 0), (12, 1))
+# The Blackwell GPUs with FP4 tensor cores: those of the compiled kernels (archs.py).
+SUPPORTED_CAPABILITIES = tuple(tuple(int(n) for n in arch.split(".")) for arch in ARCH_KERNEL)
 
 # What each Triton release compiles, found by compiling sageattn3's kernel for each arch with Triton 3.3.1,
 # 3.4.0, 3.5.1, 3.6.0 and 3.7.1 (no GPU needed; tests/test_sage3_backend_table.py re-checks the installed one).

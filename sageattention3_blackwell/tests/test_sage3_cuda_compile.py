@@ -90,7 +90,8 @@ def stable_wheel(tmp_path_factory) -> Path:
     if tuple(int(n) for n in torch.__version__.split(".")[:2]) < (2, 10):
         pytest.skip(f"the stable-ABI build needs torch >= 2.10 to build against, found {torch.__version__}")
     src = tmp_path_factory.mktemp("sage3_src")
-    for name in ("setup.py", "build_rules.py", "pyproject.toml", "README.md", "LICENSE", "csrc", "sageattn3"):
+    for name in ("setup.py", "build_rules.py", "build_support.py", "cuda_setup.py", "pyproject.toml", "README.md",
+                 "LICENSE", "csrc", "sageattn3"):
         (shutil.copytree if (PACKAGE / name).is_dir() else shutil.copy)(PACKAGE / name, src / name)
     env = {**os.environ, "SAGE_BUILD_CUDA": "1", "CUDA_HOME": str(home), "TORCH_CUDA_ARCH_LIST": "12.0",
            "MAX_JOBS": "2"}

@@ -4,6 +4,7 @@ Each build runs setuptools' PEP 517 backend in a child process on a copy of the 
 unimportable so that the outcome does not depend on the machine (a CUDA torch would start a real build).
 """
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+SUPPORT = ["sageattention3_blackwell/build_support.py", "sageattention3_blackwell/cuda_setup.py"]  # both packages'
 BACKEND = """
 import sys
 sys.modules["torch"] = None  # `import torch` raises ImportError, as in an isolated build
@@ -32,11 +34,14 @@ def tree(tmp_path_factory):
             shutil.copy2(item, where / item.name)
     for folder in ("sageattention", "csrc"):
         shutil.copytree(ROOT / folder, where / folder, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    (where / "sageattention3_blackwell").mkdir()
+    for name in SUPPORT:
+        shutil.copy2(ROOT / name, where / name)
     return where
 
 
 def build(tree: Path, kind: str, out: Path, mode: str | None):
-    env = {k: v for k, v in os.environ.items() if k != "SAGE_BUILD_CUDA"}
+    env = {k: v for k, v in os.environ.items() if k not in ("SAGE_BUILD_CUDA", "PYTHONPATH")}
     if mode is not None:
         env["SAGE_BUILD_CUDA"] = mode
     out.mkdir(exist_ok=True)
@@ -51,8 +56,13 @@ def test_unset_without_torch_builds_pure_python_and_says_why(tree, tmp_path):
         in proc.stderr
     names = zipfile.ZipFile(tmp_path / proc.stdout.split("BUILT ")[-1].strip()).namelist()
     # build_rules.py and setup.py build the package; they are not modules of it.
-    assert {n.split("/")[0] for n in names} == {"sageattention", "sageattention-2.2.0.dist-info"}
+    version = re.search(r'__version__ = "(.+)"', (ROOT / "sageattention/__init__.py").read_text())[1]
+    assert {n.split("/")[0] for n in names} == {"sageattention", f"sageattention-{version}.dist-info"}
     assert "sageattention/archs.py" in names and not [n for n in names if n.endswith((".so", ".pyd"))]
+    # setup.py writes the run requirements: without the stable-ABI extensions, the version-specific torch floor
+    metadata = zipfile.ZipFile(tmp_path / proc.stdout.split("BUILT ")[-1].strip()).read(
+        f"sageattention-{version}.dist-info/METADATA").decode()
+    assert "Requires-Dist: torch>=2.6\n" in metadata and "Requires-Dist: triton>=3.2" in metadata
 
 
 def test_off_builds_pure_python_without_looking_for_torch(tree, tmp_path):
@@ -80,4 +90,21 @@ def test_sdist_carries_what_the_extension_build_needs(tree, tmp_path):
     kernels = {p.relative_to(ROOT).as_posix() for p in (ROOT / "csrc").rglob("*")
                if p.suffix in (".cu", ".cuh", ".cpp", ".h")}
     assert kernels, "csrc/ has no kernel sources"
-    assert {"setup.py", "build_rules.py", "pyproject.toml", "sageattention/archs.py"} | kernels <= names
+    assert {"setup.py", "build_rules.py", *SUPPORT, "pyproject.toml", "sageattention/archs.py"} | kernels <= names
+
+
+def test_sageattn3_sdist_carries_the_shared_build_support(tmp_path):
+    """sageattn3 is built from its folder alone (its sdist, its recipe): the build support it shares with
+    sageattention is in that folder, goes into its sdist, and setup.py runs from the unpacked sdist."""
+    source = shutil.copytree(ROOT / "sageattention3_blackwell", tmp_path / "source",
+                             ignore=shutil.ignore_patterns("__pycache__", "*.so", "build", "*.egg-info", "tests"))
+    proc = build(source, "sdist", tmp_path / "sdist", None)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with tarfile.open(tmp_path / "sdist" / proc.stdout.split("BUILT ")[-1].strip()) as sdist:
+        sdist.extractall(tmp_path / "unpacked", filter="data")
+    (unpacked,) = (tmp_path / "unpacked").iterdir()
+    assert {"setup.py", "build_rules.py", "build_support.py", "cuda_setup.py", "sageattn3/archs.py"} <= \
+        {p.relative_to(unpacked).as_posix() for p in unpacked.rglob("*")}
+    proc = build(unpacked, "wheel", tmp_path / "wheel", None)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "sageattn3: building without the CUDA extensions, Triton kernels only (torch is not installed" in proc.stderr

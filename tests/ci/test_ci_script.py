@@ -43,7 +43,7 @@ def test_release_tags_select_all_and_release():
 @pytest.mark.parametrize("package, event, ref, choice, message", [
     ("sageattention", "push", "refs/tags/v1.0.0-sage3", "", "releases sageattn3, not sageattention"),
     ("sageattn3", "push", "refs/tags/v2.2.0", "", "releases sageattention, not sageattn3"),
-    ("sageattn3", "push", "refs/tags/v1.0.1-sage3", "", "says sageattn3 1.0.1, but variants/sageattn3.yaml builds 1.0.0"),
+    ("sageattn3", "push", "refs/tags/v1.0.1-sage3", "", "says sageattn3 1.0.1, but the sources build sageattn3 1.0.0"),
     ("sageattention", "push", "refs/tags/nightly", "", "'nightly' is not a release tag"),
     ("sageattention", "push", "refs/tags/vnext", "", "'vnext' is not a release tag"),
     ("sageattn3", "workflow_dispatch", "refs/heads/main", "sage2-all", "unknown profile 'sage2-all' for sageattn3"),

@@ -16,11 +16,11 @@ def variants_copy(tmp_path):
 
 def test_a_key_written_twice_is_refused_with_its_line(variants_copy):
     path = variants_copy / "sageattn3.yaml"
-    path.write_text(path.read_text().replace('version: "1.0.0"\n', 'version: "1.0.0"\nversion: "9.9.9"\n'))
+    path.write_text(path.read_text().replace("import: sageattn3\n", "import: sageattn3\nimport: sage3\n"))
     with pytest.raises(VariantError) as err:
         load("sageattn3", variants_copy)
     assert str(err.value).startswith(f"{path}: cannot read: ")
-    assert "duplicate key 'version'" in str(err.value) and "line 4" in str(err.value)
+    assert "duplicate key 'import'" in str(err.value) and "line 5" in str(err.value)
     assert "\n" not in str(err.value)
 
 

@@ -7,7 +7,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import sageattention as sa
-from sageattention import backward, core, dispatch, ops
+from sageattention import backward, dispatch, ops
+from sageattention.compiled_call import CompiledCall, Granularity, PvAccum
 from tests.sageattention.helpers import DEVICE, make_qkv, packed_varlen
 
 # All of opcheck's checks: schema, fake impl, autograd registration, AOTAutograd tracing (dynamic shapes).
@@ -113,8 +114,8 @@ def test_compiled_op_passes_opcheck_and_matches_eager(layout):
     if family is None:
         pytest.skip(f"this build has no compiled FP8 family for sm{cap[0]}{cap[1]}")
     q, k, v = _dense_args(layout, True)[:3]
-    args = (q, k, v, layout == "NHD", True, 0, 32**-0.5, family, core.GRAN_CODE["per_thread"], core.ACC_TWO_LEVEL,
-            True, False, True)
+    args = (q, k, v, *CompiledCall(family, layout == "NHD", True, 0, 32**-0.5, Granularity.PER_THREAD,
+                                   PvAccum.ACC_TWO_LEVEL, True, False, True))
     torch.library.opcheck(ops.compiled_attention, args, test_utils=OPCHECK_TESTS[:3])
     out, lse = ops.compiled_attention(*args)
     eager, eager_lse = sa.sageattn_qk_int8_pv_fp8_cuda(q, k, v, tensor_layout=layout, is_causal=True,

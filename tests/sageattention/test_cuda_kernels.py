@@ -20,13 +20,14 @@ from tests.sageattention.helpers import (assert_close, assert_lse_close, compile
                                         rounding_ties, sdpa_fp32)
 import build_rules
 from sageattention import archs, reference
-from sageattention.core import ACC_F16_INNER, ACC_F32, ACC_TWO_LEVEL, GRAN_CODE
+from sageattention.compiled_call import CompiledCall, Granularity, PvAccum, VMode
 from sageattention.inputs import to_hnd
 from sageattention.quant_groups import GRANULARITIES, k_grouping, q_grouping
 
 pytestmark = pytest.mark.gpu
 
-V_NONE, V_FP8, V_16 = 0, 1, 2  # VMode
+ACC_F32, ACC_TWO_LEVEL, ACC_F16_INNER = PvAccum
+V_FP8, V_16 = VMode.V_FP8, VMode.V16
 
 
 def find_module(family: str):
@@ -57,8 +58,9 @@ def attend(mod, q, k, v, layout, *, causal=False, causal_offset=0, gran="per_thr
          smooth_k=True, smooth_v=False, lse=False, sm_scale=None):
     """The module's fused op, its positional arguments from names (no synchronization: capturable)."""
     scale = q.shape[-1] ** -0.5 if sm_scale is None else sm_scale
-    g = GRAN_CODE[gran]
-    return mod.attention(q, k, v, layout == "NHD", causal, causal_offset, scale, g, g, accum, smooth_k, smooth_v, lse)
+    call = CompiledCall("", layout == "NHD", causal, causal_offset, scale, Granularity.named(gran), accum, smooth_k,
+                        smooth_v, lse)
+    return mod.attention(q, k, v, *call.kernel_args())
 
 
 def run(mod, q, k, v, layout, **options):
@@ -353,7 +355,7 @@ def test_quantize_matches_reference_bit_for_bit(family, fp8, gran, d, long_heads
     nk = 11000 if long_heads else 333 if d == 128 else 1500  # d64: several statistics chunks per head
     q, k, v = make_qkv(b=2, hq=4, hk=2, nq=300, nk=nk, d=d, k_bias=2.0, q_outlier=4.0, seed=5)
     v_mode = V_FP8 if fp8 else V_16
-    g = GRAN_CODE[gran]
+    g = Granularity.named(gran)
     q_i8, q_s, k_i8, k_s, k_mean, v_out, v_s, v_mean = mod.quantize(q, k, v, False, g, g, v_mode, True, smooth_v,
                                                                     448.0)
     ref_kmean = reference.token_mean(k.cpu())
@@ -383,7 +385,7 @@ def test_quantize_rounds_ties_like_the_reference(family, fp8, gran, long_heads):
     even), in Q and in K, on the cluster path (short heads) and on prepare_kv (long ones)."""
     mod = module(family)
     x = rounding_ties(n=11000 if long_heads else 300)
-    g = GRAN_CODE[gran]
+    g = Granularity.named(gran)
     q_i8, q_s, k_i8, k_s, _, _, _, _ = mod.quantize(x, x, x, False, g, g, V_FP8 if fp8 else V_16, False, False, 448.0)
     assert_int8_matches_reference(x, q_i8, q_s, q_grouping(gran, True), None, f"{gran} Q")
     assert_int8_matches_reference(x, k_i8, k_s, k_grouping(gran, True), None, f"{gran} K")
@@ -406,7 +408,7 @@ def test_each_head_is_quantized_with_its_own_statistics(family, fp8, nk):
     ref_kmean = reference.token_mean(k.cpu())[:, :, 0]
     gran = "per_thread"
     for _ in range(3):
-        _, _, k_i8, k_s, k_mean, v_out, v_s, _ = mod.quantize(q, k, v, False, GRAN_CODE[gran], GRAN_CODE[gran],
+        _, _, k_i8, k_s, k_mean, v_out, v_s, _ = mod.quantize(q, k, v, False, Granularity.named(gran), Granularity.named(gran),
                                                               V_FP8 if fp8 else V_16, True, False, 448.0)
         worst = (k_mean.cpu() - ref_kmean).abs().amax(-1).argmax().item()
         assert torch.allclose(k_mean.cpu(), ref_kmean, rtol=1e-5, atol=1e-5), f"head {divmod(worst, hk)}: K mean"
@@ -430,7 +432,7 @@ def test_quantize_marks_non_finite_k_groups_like_the_reference(family, fp8, gran
     for (h, key, c), value in {(0, 5, 3): float("inf"), (0, 70, d - 1): float("-inf"), (1, 130, 0): float("nan"),
                                (1, nk - 1, 7): float("inf")}.items():
         k[0, h, key, c] = value
-    g = GRAN_CODE[gran]
+    g = Granularity.named(gran)
     _, _, k_i8, k_s, _, _, _, _ = mod.quantize(q, k, v, False, g, g, V_FP8 if fp8 else V_16, False, False, 448.0)
     marked = k_s.cpu()[:, :, :nk].isnan()
     assert marked.any() and not marked.all(), "the test must mark some groups and leave others"

@@ -8,6 +8,7 @@ from torch.nn.attention.bias import causal_lower_right
 
 import sageattention as sa
 from sageattention import archs, core, dispatch, fallback
+from sageattention.compiled_call import Granularity, PvAccum
 from tests.sageattention.helpers import DEVICE, fp64_out, make_qkv, metrics
 
 
@@ -36,7 +37,7 @@ def gpu(monkeypatch):
 def compiled_calls(monkeypatch):
     """The argument tuples of every compiled-kernel call, which returns q instead of running."""
     calls = []
-    monkeypatch.setattr(core.ops, "run_compiled_attention", lambda *a: calls.append(a) or (a[0], None))
+    monkeypatch.setattr(core.ops, "run_compiled_attention", lambda q, k, v, call: calls.append(call) or (q, None))
     return calls
 
 
@@ -57,7 +58,7 @@ def test_named_cuda_variants_take_the_compiled_kernels_where_sageattn_prefers_tr
     q, k, v = qkv()
     core.sageattn_qk_int8_pv_fp8_cuda(q, k, v)
     core.sageattn_qk_int8_pv_fp16_cuda(q, k, v)
-    assert [a[7] for a in compiled_calls] == ["sm89", "sm80"]
+    assert [c.family for c in compiled_calls] == ["sm89", "sm80"]
 
 
 def test_hopper_runs_its_own_family(gpu, compiled_calls):
@@ -67,7 +68,7 @@ def test_hopper_runs_its_own_family(gpu, compiled_calls):
     core.sageattn_qk_int8_pv_fp8_cuda(q, k, v)
     core.sageattn_qk_int8_pv_fp16_cuda(q, k, v)
     core.sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v)
-    assert [a[7] for a in compiled_calls] == ["sm90", "sm90", "sm80", "sm90"]
+    assert [c.family for c in compiled_calls] == ["sm90", "sm90", "sm80", "sm90"]
 
 
 def test_hopper_build_without_its_module_runs_fp8_on_triton(gpu, compiled_calls, caplog):
@@ -78,7 +79,7 @@ def test_hopper_build_without_its_module_runs_fp8_on_triton(gpu, compiled_calls,
     with caplog.at_level("DEBUG", logger="sageattention"):
         core.sageattn_qk_int8_pv_fp8_cuda(q, k, v)
         core.sageattn_qk_int8_pv_fp16_cuda(q, k, v)
-    assert [a[7] for a in compiled_calls] == ["sm80"]
+    assert [c.family for c in compiled_calls] == ["sm80"]
     assert caplog.messages[0].startswith("sageattn_qk_int8_pv_fp8_cuda: triton")
 
 
@@ -118,12 +119,14 @@ def test_sageattn_default_granularity_follows_the_backend(gpu, compiled_calls):
     q, k, v = qkv()
     sa.sageattn(q, k, v)
     sa.sageattn(q, k, v, qk_quant_gran="per_block")
-    assert [a[8] for a in compiled_calls] == [core.GRAN_CODE[core.SAGEATTN_GRAN_COMPILED], core.GRAN_CODE["per_block"]]
+    assert [c.qk_gran for c in compiled_calls] == [Granularity.named(core.SAGEATTN_GRAN_COMPILED),
+                                                   Granularity.PER_BLOCK]
 
 
 @pytest.mark.parametrize("accum, fp8, want", [
-    ("fp32", True, core.ACC_F32), ("fp32+fp32", True, core.ACC_TWO_LEVEL), ("fp32+fp16", True, core.ACC_F16_INNER),
-    ("fp32", False, core.ACC_F32), ("fp16+fp32", False, core.ACC_F16_INNER), ("fp16", False, core.ACC_F16_INNER),
+    ("fp32", True, PvAccum.ACC_F32), ("fp32+fp32", True, PvAccum.ACC_TWO_LEVEL),
+    ("fp32+fp16", True, PvAccum.ACC_F16_INNER), ("fp32", False, PvAccum.ACC_F32),
+    ("fp16+fp32", False, PvAccum.ACC_F16_INNER), ("fp16", False, PvAccum.ACC_F16_INNER),
 ])
 def test_pv_accumulation_reaches_the_compiled_kernels(accum, fp8, want):
     choices = core.FP8_PV_ACCUM if fp8 else core.FP16_PV_ACCUM
@@ -204,7 +207,7 @@ def test_masks_are_never_kept(gpu, monkeypatch):
     """A call with an attn_mask is decided anew each time: a kept run would hold (and reuse) a stale mask."""
     gpu((8, 9))
     masks = []
-    monkeypatch.setattr(core.ops, "run_attention", lambda q, k, v, mask, *a: masks.append(mask) or (q, None))
+    monkeypatch.setattr(core.ops, "run_attention", lambda q, k, v, call: masks.append(call.attn_mask) or (q, None))
     q, k, v = qkv()
     first, second = (torch.rand(256, 256, device=DEVICE) > p for p in (0.2, 0.7))
     sa.sageattn(q, k, v, attn_mask=first)
@@ -305,6 +308,6 @@ def test_sageattn_on_hopper_routes_by_key_count(sdpa_fallback, gpu, compiled_cal
     sa.sageattn(*short)
     sa.sageattn(*long)
     core.sageattn_qk_int8_pv_fp8_cuda(*short)
-    assert len(sdpa_calls) == 1 and [a[7] for a in compiled_calls] == ["sm90", "sm90"]
+    assert len(sdpa_calls) == 1 and [c.family for c in compiled_calls] == ["sm90", "sm90"]
     gpu((8, 9))
     assert sa.explain(*short).startswith("compiled sm89")
