@@ -12,6 +12,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 CSRC = "csrc"
+# torch_binding.h, the binding's two torch APIs (stable ABI or ATen), in the folder of sageattn3's that both builds see.
+BINDING_INCLUDE = "sageattention3_blackwell/csrc"
 
 # What both packages' builds share (its docstring says why it lives in sageattn3's folder).
 sys.path.insert(0, str(ROOT / "sageattention3_blackwell"))
@@ -124,5 +126,6 @@ def plan(arch_list: str | None, nvcc_version_output: str, nvcc_arch_output: str,
         f16_accum = archs.FAMILIES[family].get("f16_accum") and nvcc >= archs.version_tuple(
             archs.FP8_F16_ACCUM_MIN_CUDA)
         extensions.append(Extension(f"sageattention._C_{family}", family_sources(family, root), flags,
-                                    [FP8_F16_ACCUM_MACRO] if f16_accum else [], [str(root / CSRC)]))
+                                    [FP8_F16_ACCUM_MACRO] if f16_accum else [],
+                                    [str(root / CSRC), str(root / BINDING_INCLUDE)]))
     return only_families(extensions, families, arch_list)

@@ -17,14 +17,13 @@ from build_support import Extension, build_mode
 
 
 def setup_args(package: str, plan: Callable[[Callable[[str], str]], list[Extension]], torch_floor: str,
-               requirements: list[str], stable_abi_binding: bool = True) -> dict:
+               requirements: list[str]) -> dict:
     """setup()'s ext_modules, cmdclass and install_requires (torch's floor, then `requirements`): the extensions that
     plan(ask_nvcc) returns (ask_nvcc("--version") is nvcc's answer), compiled by torch's BuildExtension. None where
     SAGE_BUILD_CUDA=0, nor where it is unset and torch with CUDA or nvcc is missing (which is printed);
     SAGE_BUILD_CUDA=1 then fails. Against torch >= 2.10 they are stable-ABI abi3 modules (SAGE_STABLE_ABI=0/1
-    chooses), which need only torch's headers: SAGE_BUILD_CUDA=1 builds them against a CPU torch too, if
-    `stable_abi_binding` (the package's bindings are written against csrc/torch_binding.h). Neither a GPU nor its
-    driver is needed."""
+    chooses), which need only torch's headers: SAGE_BUILD_CUDA=1 builds them against a CPU torch too. Neither a GPU
+    nor its driver is needed."""
     args = {"install_requires": support.requirements(False, torch_floor, requirements)}
     mode = build_mode(os.environ.get("SAGE_BUILD_CUDA"))
     if mode == "off":
@@ -41,7 +40,7 @@ def setup_args(package: str, plan: Callable[[Callable[[str], str]], list[Extensi
         from torch.utils import cpp_extension
     except ImportError:
         return no_cuda("torch is not installed in the build environment (use --no-build-isolation)")
-    stable = stable_abi_binding and support.use_stable_abi(torch.__version__, os.environ.get(support.STABLE_ABI_ENV))
+    stable = support.use_stable_abi(torch.__version__, os.environ.get(support.STABLE_ABI_ENV))
     if torch.version.cuda is None:
         if not (stable and mode == "on"):
             return no_cuda(f"torch {torch.__version__} is a CPU build")

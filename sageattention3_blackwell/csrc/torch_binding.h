@@ -10,6 +10,7 @@
 #include <Python.h>
 #include <cuda_runtime.h>
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <stdexcept>
@@ -31,7 +32,10 @@
 #endif
 #else
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/constant_pad_nd.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/matmul.h>
+#include <ATen/ops/sub.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
@@ -83,6 +87,45 @@ inline Tensor empty(Sizes sizes, ScalarType dtype, const Tensor& like) {
 #endif
 }
 
+// The tensor operations the bindings use, under torch::stable's names in both builds.
+#if SAGE_STABLE_ABI
+using torch::stable::contiguous;
+using torch::stable::matmul;
+using torch::stable::pad;
+using torch::stable::reshape;
+using torch::stable::squeeze;
+using torch::stable::subtract;
+using torch::stable::transpose;
+using torch::stable::view;
+
+inline Tensor narrow(Tensor t, int64_t dim, int64_t start, int64_t length) {
+  return torch::stable::narrow(t, dim, start, length);
+}
+
+inline Tensor to(const Tensor& t, ScalarType dtype) { return torch::stable::to(t, dtype); }
+
+// The same bytes read as another dtype of the same size (aten::view.dtype, through the dispatcher).
+inline Tensor view(const Tensor& t, ScalarType dtype) {
+  std::array<StableIValue, 2> stack{torch::stable::detail::from(t), torch::stable::detail::from(dtype)};
+  STABLE_TORCH_ERROR_CODE_CHECK(torch_call_dispatcher("aten::view", "dtype", stack.data(), TORCH_ABI_VERSION));
+  return torch::stable::detail::to<Tensor>(stack[0]);
+}
+#else
+inline Tensor contiguous(const Tensor& t) { return t.contiguous(); }
+using at::matmul;
+inline Tensor pad(const Tensor& t, Sizes widths) { return at::constant_pad_nd(t, widths); }
+inline Tensor reshape(const Tensor& t, Sizes sizes) { return t.reshape(sizes); }
+inline Tensor squeeze(const Tensor& t, int64_t dim) { return t.squeeze(dim); }
+inline Tensor subtract(const Tensor& a, const Tensor& b, double alpha) { return at::sub(a, b, alpha); }
+inline Tensor transpose(const Tensor& t, int64_t a, int64_t b) { return t.transpose(a, b); }
+inline Tensor view(const Tensor& t, Sizes sizes) { return t.view(sizes); }
+inline Tensor narrow(const Tensor& t, int64_t dim, int64_t start, int64_t length) {
+  return t.narrow(dim, start, length);
+}
+inline Tensor to(const Tensor& t, ScalarType dtype) { return t.to(dtype); }
+inline Tensor view(const Tensor& t, ScalarType dtype) { return t.view(dtype); }
+#endif
+
 #if SAGE_STABLE_ABI
 // libtorch_cuda's current-stream function, looked up in the copy torch has already loaded: the binary links
 // only libtorch_cpu, so it builds against any torch >= 2.10 (CPU builds too) and loads under all of them.
@@ -120,10 +163,12 @@ inline cudaStream_t current_stream(int device) { return c10::cuda::getCurrentCUD
 #endif
 
 // SAGE_PYTHON_MODULE(_C) defines the module whose import loads the library, and so runs its registrations; the
-// module itself is empty (torch.ops.load_library loads the library the same way).
-#define SAGE_PYTHON_MODULE(name)                                                                              \
+// module itself is empty (torch.ops.load_library loads the library the same way). SAGE_PYTHON_MODULE_WITH(_C,
+// methods) gives it the torch-free functions of a PyMethodDef table (limited API).
+#define SAGE_PYTHON_MODULE(name) SAGE_PYTHON_MODULE_WITH(name, nullptr)
+#define SAGE_PYTHON_MODULE_WITH(name, methods)                                                                \
   PyMODINIT_FUNC PyInit_##name() {                                                                           \
-    static PyModuleDef module = {PyModuleDef_HEAD_INIT, #name, nullptr, -1, nullptr, nullptr, nullptr, nullptr, \
+    static PyModuleDef module = {PyModuleDef_HEAD_INIT, #name, nullptr, -1, methods, nullptr, nullptr, nullptr, \
                                  nullptr};                                                                   \
     return PyModule_Create(&module);                                                                         \
   }

@@ -40,7 +40,7 @@ def test_every_params_h_enum_that_crosses_is_named_in_python():
 
 def test_binding_takes_the_call_fields_in_order():
     text = (CSRC / "binding.h").read_text()
-    params = re.search(r"std::vector<torch::Tensor> attention\(([^)]*)\)", text)[1]
+    params = re.search(r"std::tuple<Tensor, Tensor> attention\(([^)]*)\)", text)[1]
     names = [p.split()[-1] for p in " ".join(params.split()).split(",")]
     assert names[:3] == ["q", "k", "v"] and names[3:] == list(CompiledCall._fields[1:])
 
