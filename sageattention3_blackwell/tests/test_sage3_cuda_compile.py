@@ -6,7 +6,6 @@ wheel is built once, for sm_120a, against the installed torch (>= 2.10; a CPU bu
 The version-specific build of bindings.cpp needs a CUDA build of torch (see README, "Building").
 """
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -18,6 +17,7 @@ from zipfile import ZipFile
 import pytest
 import torch
 
+import stable_abi_checks
 from sage3_tools import cuobjdump
 
 PACKAGE = Path(__file__).resolve().parents[1]
@@ -73,34 +73,14 @@ def test_attention_kernels_issue_one_mma_per_k64_step(sass):
 LIMITED_API_USED = {"PyModule_Create2"}
 
 
-def _cuda_home() -> Path | None:
-    nvcc = shutil.which("nvcc")
-    for home in (os.environ.get("CUDA_HOME"), nvcc and Path(nvcc).parents[1], "/usr/local/cuda"):
-        if home and (Path(home) / "include" / "cuda_runtime.h").is_file() and (Path(home) / "bin" / "nvcc").exists():
-            return Path(home)
-    return None
-
-
 @pytest.fixture(scope="session")
 def stable_wheel(tmp_path_factory) -> Path:
     """The sageattn3 wheel, built from a copy of this package with SAGE_BUILD_CUDA=1 for sm_120a alone."""
-    home = _cuda_home()
-    if home is None:
-        pytest.skip("needs the CUDA toolkit (nvcc and its headers; set CUDA_HOME)")
-    if tuple(int(n) for n in torch.__version__.split(".")[:2]) < (2, 10):
-        pytest.skip(f"the stable-ABI build needs torch >= 2.10 to build against, found {torch.__version__}")
     src = tmp_path_factory.mktemp("sage3_src")
     for name in ("setup.py", "build_rules.py", "build_support.py", "cuda_setup.py", "pyproject.toml", "README.md",
                  "LICENSE", "csrc", "sageattn3"):
         (shutil.copytree if (PACKAGE / name).is_dir() else shutil.copy)(PACKAGE / name, src / name)
-    env = {**os.environ, "SAGE_BUILD_CUDA": "1", "CUDA_HOME": str(home), "TORCH_CUDA_ARCH_LIST": "12.0",
-           "MAX_JOBS": "2"}
-    env.pop("SAGE_STABLE_ABI", None)  # the default for torch >= 2.10
-    out = tmp_path_factory.mktemp("sage3_wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q", "-w", str(out),
-                    str(src)], check=True, env=env, capture_output=True, text=True)
-    (wheel,) = out.glob("*.whl")
-    return wheel
+    return stable_abi_checks.build_wheel(src, tmp_path_factory.mktemp("sage3_wheel"), "12.0")
 
 
 @pytest.fixture(scope="session")
@@ -120,25 +100,9 @@ def test_stable_wheel_is_abi3_and_requires_torch_2_10(stable_wheel):
     assert torch_requirements == ["torch>=2.10"]
 
 
-def _undefined_symbols(library: Path, demangle: bool) -> set:
-    flags = ["-D", "--undefined-only"] + (["-C"] if demangle else [])
-    lines = subprocess.run(["nm", *flags, str(library)], capture_output=True, text=True, check=True).stdout
-    return {line.split(None, 1)[1].split("@")[0] for line in lines.splitlines() if line.strip()}
-
-
 def test_stable_extension_uses_only_the_c_shim_and_the_limited_api(unpacked):
     library = unpacked / "sageattn3/_C.abi3.so"
-    cpp = [s for s in _undefined_symbols(library, demangle=True) if re.match(r"(c10|at|torch|caffe2)::", s)]
-    assert not cpp, f"C++ symbols of libtorch, whose ABI changes between releases: {sorted(cpp)[:10]}"
-    names = _undefined_symbols(library, demangle=False)
-    python = {s for s in names if re.match(r"_?Py", s)}
-    assert python == LIMITED_API_USED, f"Python symbols outside the limited API: {sorted(python - LIMITED_API_USED)}"
-    shim = {s for s in names if s.startswith(("aoti_torch_", "torch_"))}
-    assert "torch_library_impl" in shim
-    # Each one is a C function the installed libtorch exports (it loads there; older torch: the import tests).
-    exported = subprocess.run(["nm", "-D", "--defined-only", str(Path(torch.__file__).parent / "lib/libtorch_cpu.so")],
-                              capture_output=True, text=True, check=True).stdout.split()
-    assert shim <= set(exported), sorted(shim - set(exported))
+    stable_abi_checks.check_stable_symbols(library, LIMITED_API_USED)
     tool = cuobjdump()
     if tool:  # device code for exactly the arch asked for (cuobjdump names sm_120a's cubins sm_120)
         elf = subprocess.run([tool, "--list-elf", str(library)], capture_output=True, text=True, check=True).stdout
@@ -195,50 +159,14 @@ def _load_and_call(unpacked: Path, env: dict) -> dict:
 
 
 def test_stable_extension_loads_and_registers_its_kernels(unpacked):
-    # The binary needs libcudart, which a CUDA torch loads first; under a CPU torch the toolkit's stands in.
-    lib = str(_cuda_home() / "lib64")
-    env = {**os.environ, "LD_LIBRARY_PATH": os.pathsep.join(filter(None, [lib, os.environ.get("LD_LIBRARY_PATH")]))}
-    found = _load_and_call(unpacked, env)
+    found = _load_and_call(unpacked, stable_abi_checks.toolkit_env())
     assert found["torch"] == torch.__version__
     assert found["stream_fn"] is (None if torch.version.cuda is None else True)
 
 
-# The oldest and the newest CUDA 13 torch this machine's pip installs from PyPI (PyPI's torch 2.10 is a CUDA 12
-# build; /etc/xdg/pip caps torch at 2.14.1). Each is pip-installed once into its own folder of .cache/ (the newest
-# with every CUDA library its wheel requires, ~5 GB; older ones alone, finding those libraries, of the same CUDA
-# major, in the newest's folder) and reused while the folder is complete.
-CUDA13_TORCH = ("2.11.0", "2.14.1")
-TORCH_TREES = PACKAGE.parent / ".cache" / "stable-abi-torch"
-
-
-def _torch_tree(version: str) -> Path:
-    import fcntl  # test workers running at once (pytest -n) install each folder once
-
-    tree = TORCH_TREES / f"torch-{version}"
-    TORCH_TREES.mkdir(parents=True, exist_ok=True)
-    with open(TORCH_TREES / f"torch-{version}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (tree / ".complete").is_file():
-            return tree
-        shutil.rmtree(tree, ignore_errors=True)
-        deps = [] if version == CUDA13_TORCH[-1] else ["--no-deps"]
-        # With bytecode compiled at install: an import that compiles torch's sources each time takes 20 s more.
-        # Short timeouts: a machine without the network (the GPU machine) skips these tests at once.
-        run = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                              "--timeout", "20", "--retries", "1", *deps, "--target", str(tree), f"torch=={version}"],
-                             capture_output=True, text=True)
-        if run.returncode != 0:
-            shutil.rmtree(tree, ignore_errors=True)
-            pytest.skip(f"pip could not install torch {version}: {run.stderr.strip().splitlines()[-1:]}")
-        (tree / ".complete").write_text(version)
-    return tree
-
-
-@pytest.mark.parametrize("version", CUDA13_TORCH)
+@pytest.mark.parametrize("version", stable_abi_checks.CUDA13_TORCH)
 def test_stable_extension_loads_under_cuda_torch_from_pypi(unpacked, version):
-    trees = [_torch_tree(version), _torch_tree(CUDA13_TORCH[-1])]
-    env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "PYTHONPATH")}
-    found = _load_and_call(unpacked, {**env, "PYTHONPATH": os.pathsep.join(map(str, trees))})
+    found = _load_and_call(unpacked, stable_abi_checks.pypi_torch_env(version))
     assert found["torch"].split("+")[0] == version and found["stream_fn"] is True
 
 
@@ -246,10 +174,10 @@ def test_binding_compiles_against_aten_too(tmp_path):
     """bindings.cpp as the version-specific build compiles it (torch_binding.h's ATen side), against the headers of
     PyPI's newest CUDA torch (C++20, as torch's BuildExtension asks for them): CPU builds of torch lack c10/cuda's
     generated header."""
-    home = _cuda_home()
+    home = stable_abi_checks.cuda_home()
     if home is None or shutil.which("g++") is None:
         pytest.skip("needs g++ and the CUDA toolkit's headers")
-    include = _torch_tree(CUDA13_TORCH[-1]) / "torch" / "include"
+    include = stable_abi_checks.torch_tree(stable_abi_checks.CUDA13_TORCH[-1]) / "torch" / "include"
     python = subprocess.run([sys.executable, "-c", "import sysconfig; print(sysconfig.get_paths()['include'])"],
                             capture_output=True, text=True, check=True).stdout.strip()
     subprocess.run(["g++", "-std=c++20", "-fsyntax-only", "-w", "-DSAGE_STABLE_ABI=0", f"-I{include}",

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SUPPORT = ["sageattention3_blackwell/build_support.py", "sageattention3_blackwell/cuda_setup.py"]  # both packages'
+SUPPORT = ["sageattention3_blackwell/build_support.py", "sageattention3_blackwell/cuda_setup.py",  # both packages'
+           "sageattention3_blackwell/csrc/torch_binding.h"]
 BACKEND = """
 import sys
 sys.modules["torch"] = None  # `import torch` raises ImportError, as in an isolated build
@@ -34,8 +35,8 @@ def tree(tmp_path_factory):
             shutil.copy2(item, where / item.name)
     for folder in ("sageattention", "csrc"):
         shutil.copytree(ROOT / folder, where / folder, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
-    (where / "sageattention3_blackwell").mkdir()
     for name in SUPPORT:
+        (where / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / name, where / name)
     return where
 

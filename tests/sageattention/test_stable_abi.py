@@ -1,0 +1,124 @@
+"""The stable-ABI build of the compiled modules, without a GPU: one family (sm80, for sm_80 alone: the quickest to
+compile) built once per session against the installed torch (>= 2.10; a CPU build will do) is an abi3 wheel that
+requires torch>=2.10, takes nothing of libtorch's C++ API and only the limited API of CPython, and loads and
+registers its CUDA kernels under the installed torch and under PyPI's oldest and newest CUDA 13 torch. sageattn3's
+test_sage3_cuda_compile.py checks its own extension the same way (the helpers are shared: stable_abi_checks.py).
+"""
+import json
+import re
+import shutil
+import subprocess
+import sys
+from email.parser import Parser
+from pathlib import Path
+from zipfile import ZipFile
+
+import pytest
+import torch
+
+import sageattention
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "sageattention3_blackwell" / "tests"))
+try:
+    import stable_abi_checks
+finally:
+    sys.path.pop(0)
+
+VERSION = sageattention.__version__
+# What a module takes from CPython: the limited-API functions that make it and its two torch-free functions' answers.
+LIMITED_API_USED = {"PyModule_Create2", "PyBool_FromLong"}
+# The files a source build of sageattention sees (its sdist's): the root's files, the package, the kernel sources,
+# and the build support and torch_binding.h it shares with sageattn3.
+SHARED = ["build_support.py", "cuda_setup.py", "csrc/torch_binding.h"]
+
+
+@pytest.fixture(scope="session")
+def stable_wheel(tmp_path_factory) -> Path:
+    src = tmp_path_factory.mktemp("sageattention_src")
+    for item in ROOT.iterdir():
+        if item.is_file():
+            shutil.copy2(item, src / item.name)
+    for folder in ("sageattention", "csrc"):
+        shutil.copytree(ROOT / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    for name in SHARED:
+        (src / "sageattention3_blackwell" / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / "sageattention3_blackwell" / name, src / "sageattention3_blackwell" / name)
+    return stable_abi_checks.build_wheel(src, tmp_path_factory.mktemp("sageattention_wheel"), "8.0",
+                                         SAGE_BUILD_FAMILIES="sm80")
+
+
+@pytest.fixture(scope="session")
+def unpacked(stable_wheel, tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("sageattention_site")
+    with ZipFile(stable_wheel) as whl:
+        whl.extractall(folder)
+    return folder
+
+
+def test_stable_wheel_is_abi3_and_requires_torch_2_10(stable_wheel):
+    assert stable_wheel.name == f"sageattention-{VERSION}-cp310-abi3-linux_x86_64.whl"
+    with ZipFile(stable_wheel) as whl:
+        assert [n for n in whl.namelist() if n.endswith(".so")] == ["sageattention/_C_sm80.abi3.so"]
+        meta = Parser().parsestr(whl.read(f"sageattention-{VERSION}.dist-info/METADATA").decode())
+    assert [r for r in meta.get_all("Requires-Dist") if re.match(r"torch\b", r)] == ["torch>=2.10"]
+
+
+def test_stable_module_uses_only_the_c_shim_and_the_limited_api(unpacked):
+    stable_abi_checks.check_stable_symbols(unpacked / "sageattention/_C_sm80.abi3.so", LIMITED_API_USED)
+
+
+LOAD_AND_CALL = """
+import json, sys, torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+site = sys.argv[1]
+sys.path.insert(0, site)
+import sageattention
+from sageattention import dispatch
+found = {"torch": torch.__version__, "package": sageattention.__file__.startswith(site)}
+ops = ("attention", "quantize")
+has_kernel = lambda op: torch._C._dispatch_has_kernel_for_dispatch_key("sageattention_sm80::" + op, "CUDA")
+found["before"] = [has_kernel(op) for op in ops]
+module = dispatch.compiled_module("sm80")  # imports sageattention._C_sm80, which registers the kernels
+found["after"] = [has_kernel(op) for op in ops]
+found["fp8_f16_accum"] = module.FP8_F16_ACCUM
+found["runs"] = module.runs_on_current_device()  # no GPU here
+# The CUDA kernels called on CPU tensors: the boxed call reaches the binding's own checks.
+cuda = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
+x = torch.zeros(1, 2, 8, 64, dtype=torch.float16)
+errors = []
+for op, args in (("attention", (False, True, 0, 0.125, 2, 1, True, False, True)),
+                 ("quantize", (False, 2, 2, 1, True, False, 448.0))):
+    try:
+        getattr(torch.ops.sageattention_sm80, op).default.redispatch(cuda, x, x, x, *args)
+    except RuntimeError as e:
+        errors.append(str(e).splitlines()[0])
+found["errors"] = errors
+with FakeTensorMode():
+    q = torch.empty(1, 8, 2, 64, dtype=torch.float16)
+    out, lse = module.attention(q, q, q, True, False, 0, 0.125, 2, 1, True, False, True)
+found["fake"] = [list(out.shape), list(lse.shape), str(lse.dtype)]
+print(json.dumps(found))
+"""
+
+
+def _load_and_call(unpacked: Path, env: dict) -> dict:
+    run = subprocess.run([sys.executable, "-s", "-c", LOAD_AND_CALL, str(unpacked)], capture_output=True, text=True,
+                         env=env, cwd=unpacked)
+    assert run.returncode == 0, run.stderr[-3000:]
+    found = json.loads(run.stdout.splitlines()[-1])
+    assert found["package"] and found["before"] == [False, False] and found["after"] == [True, True]
+    assert found["fp8_f16_accum"] is False and found["runs"] is False
+    assert found["errors"] == ["q must be a CUDA tensor"] * 2
+    assert found["fake"] == [[1, 8, 2, 64], [1, 2, 8], "torch.float32"]
+    return found
+
+
+def test_stable_module_loads_and_registers_its_kernels(unpacked):
+    assert _load_and_call(unpacked, stable_abi_checks.toolkit_env())["torch"] == torch.__version__
+
+
+@pytest.mark.parametrize("version", stable_abi_checks.CUDA13_TORCH)
+def test_stable_module_loads_under_cuda_torch_from_pypi(unpacked, version):
+    found = _load_and_call(unpacked, stable_abi_checks.pypi_torch_env(version))
+    assert found["torch"].split("+")[0] == version
