@@ -106,3 +106,20 @@ def torch_tree(version: str) -> Path:
             pytest.skip(f"pip could not install torch {version}: {run.stderr.strip().splitlines()[-1:]}")
         (tree / ".complete").write_text(version)
     return tree
+
+
+def compile_against_aten(source: Path, *include_dirs: Path) -> None:
+    """A binding as the version-specific build compiles it (torch_binding.h's ATen side), against the headers of
+    PyPI's newest CUDA torch (C++20, as torch's BuildExtension asks for them): CPU builds of torch lack c10/cuda's
+    generated header. Syntax and templates only, no code: seconds."""
+    home = cuda_home()
+    if home is None or shutil.which("g++") is None:
+        pytest.skip("needs g++ and the CUDA toolkit's headers")
+    include = torch_tree(CUDA13_TORCH[-1]) / "torch" / "include"
+    python = subprocess.run([sys.executable, "-c", "import sysconfig; print(sysconfig.get_paths()['include'])"],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    run = subprocess.run(["g++", "-std=c++20", "-fsyntax-only", "-w", "-DSAGE_STABLE_ABI=0", f"-I{include}",
+                          f"-I{include}/torch/csrc/api/include", f"-I{home}/include", f"-I{python}",
+                          f"-I{Path(__file__).resolve().parents[1] / 'csrc'}", *(f"-I{d}" for d in include_dirs),
+                          str(source)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]

@@ -1,8 +1,9 @@
 """The stable-ABI build of the compiled modules, without a GPU: one family (sm80, for sm_80 alone: the quickest to
 compile) built once per session against the installed torch (>= 2.10; a CPU build will do) is an abi3 wheel that
 requires torch>=2.10, takes nothing of libtorch's C++ API and only the limited API of CPython, and loads and
-registers its CUDA kernels under the installed torch and under PyPI's oldest and newest CUDA 13 torch. sageattn3's
-test_sage3_cuda_compile.py checks its own extension the same way (the helpers are shared: stable_abi_checks.py).
+registers its CUDA kernels under the installed torch and under PyPI's oldest and newest CUDA 13 torch; every
+family's binding also compiles as the version-specific (ATen) build. sageattn3's test_sage3_cuda_compile.py checks
+its own extension the same way (the helpers are shared: sageattention3_blackwell/tests/stable_abi_checks.py).
 """
 import json
 import re
@@ -122,3 +123,9 @@ def test_stable_module_loads_and_registers_its_kernels(unpacked):
 def test_stable_module_loads_under_cuda_torch_from_pypi(unpacked, version):
     found = _load_and_call(unpacked, stable_abi_checks.pypi_torch_env(version))
     assert found["torch"].split("+")[0] == version
+
+
+@pytest.mark.parametrize("family", list(sageattention.archs.FAMILIES))
+def test_every_family_binding_compiles_against_aten_too(family):
+    """The same source is the version-specific build (torch < 2.10, or SAGE_STABLE_ABI=0)."""
+    stable_abi_checks.compile_against_aten(ROOT / "csrc" / family / "bindings.cpp", ROOT / "csrc")
