@@ -9,6 +9,7 @@ from .core import (
     sageattn_varlen,
 )
 from .fallback import set_sdpa_fallback
+from . import flash_attn_compat  # flash-attn / SDPA calling conventions for sequence-parallel engines
 
 __version__ = "2.2.0"
 __all__ = [
@@ -16,6 +17,7 @@ __all__ = [
     "sageattn_varlen",
     "explain",
     "set_sdpa_fallback",
+    "flash_attn_compat",
     "sageattn_qk_int8_pv_fp16_triton",
     "sageattn_qk_int8_pv_fp16_cuda",
     "sageattn_qk_int8_pv_fp8_cuda",

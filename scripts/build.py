@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -126,7 +127,7 @@ def summary(outcomes: list[Outcome]) -> Table:
     for o in outcomes:
         where = o.package.name if o.package else str(o.log)
         table.add_row(o.variant.name, "ok" if o.ok else f"FAILED ({o.note})", f"{o.seconds:.0f}s", where,
-                      o.wheel.name if o.wheel else "")
+                      o.wheel.name if o.wheel else "none (conda only)" if o.variant.no_wheel else "")
     return table
 
 
@@ -141,7 +142,9 @@ def markdown(outcomes: list[Outcome], package: str, profile: str) -> str:
 
 
 def current_platform() -> str:
-    return "win-64" if sys.platform == "win32" else "linux-64"
+    if sys.platform == "win32":
+        return "win-64"
+    return "linux-aarch64" if platform.machine() in ("aarch64", "arm64") else "linux-64"
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
@@ -175,7 +178,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
     asyncio.run(index_fs(args.output))
     if not args.no_wheels:
         for o in outcomes:
-            if o.ok:
+            if o.ok and not o.variant.no_wheel:  # no_wheel: conda package only (variants/pypi.yaml)
                 try:
                     o.wheel = export(o.package, args.wheels)
                 except ExportError as exc:

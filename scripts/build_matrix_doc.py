@@ -57,6 +57,7 @@ def render() -> str:
         header = ["platform", "torch", "CUDA", "conda build", "Python", "build tag", "TORCH_CUDA_ARCH_LIST"]
         lines += _table(header, _rows(m, "seed"))
         subs = sorted({(v.platform, v.substitute) for v in m.variants if v.substitute and v.row_set == "seed"})
+        subs += sorted({(v.platform, f"torch {v.requested_torch}: {v.no_wheel}") for v in m.variants if v.no_wheel})
         lines += [f"- {platform}: {text}" for platform, text in subs] + ([""] if subs else [])
         lines += ["### Current rows", ""] + _table(header, _rows(m, "current"))
         if m.unavailable:
@@ -65,9 +66,9 @@ def render() -> str:
                       for u in m.unavailable] + [""]
         lines += ["### Profiles", "",
                   f"`pixi run build-{v0.short} PROFILE`, `pixi run matrix --package {package} --profile PROFILE`", ""]
-        lines += _table(["profile", "what", "linux-64", "win-64"],
-                        [[f"`{name}`", spec["description"], str(len(m.select(name, "linux-64"))),
-                          str(len(m.select(name, "win-64")))] for name, spec in m.profiles.items()])
+        lines += _table(["profile", "what", *PLATFORMS],
+                        [[f"`{name}`", spec["description"], *(str(len(m.select(name, p))) for p in PLATFORMS)]
+                         for name, spec in m.profiles.items()])
     tags = sorted({(v.build_tag, v.torch, v.cuda) for p in PACKAGES for v in load(p).variants},
                   key=lambda t: (int(t[0].split(".")[0]), t[0]))
     lines += ["## Build tag decoding", ""] + _table(["build tag", "torch", "CUDA"], [list(t) for t in tags])

@@ -120,7 +120,9 @@ def build_problems(v: Variant, where: Path) -> list[str]:
     """What is missing or wrong in the outputs of one variant (empty when its job delivered)."""
     wheels, condas = outputs(v, where)
     found = []
-    if len(wheels) != 1:
+    if v.no_wheel and wheels:
+        found.append(f"found {', '.join(w.name for w in wheels)}, but this build gets no wheel: {v.no_wheel}")
+    elif not v.no_wheel and len(wheels) != 1:
         found.append(f"expected one wheel named {v.wheel}, found {len(wheels)}")
     if len(condas) != 1:
         found.append(f"expected one conda package {v.package}-{v.version}-{v.build_string_prefix}h<hash>_<n>.conda, "
@@ -143,7 +145,7 @@ def summary_markdown(package: str, profile: str, platform: str, where: Path) -> 
         found = build_problems(v, where)
         complete &= not found
         lines.append(f"| {v.name} | {v.torch_version} | {v.cuda} | {v.python} | "
-                     f"{', '.join(f'`{w.name}`' for w in wheels) or 'missing'} | "
+                     f"{', '.join(f'`{w.name}`' for w in wheels) or ('none (conda only)' if v.no_wheel else 'missing')} | "
                      f"{', '.join(f'`{c.name}`' for c in condas) or 'missing'} | "
                      f"{'ok' if not found else 'FAILED: ' + '; '.join(found)} |")
     return "\n".join(lines) + "\n", complete
@@ -163,7 +165,8 @@ def release_files(tag: str, platform: str, where: Path) -> list[Path]:
 def release_notes(tag: str) -> str:
     package, version = release_of(tag)
     channel = os.environ.get("PREFIX_CHANNEL") or DEFAULT_CHANNEL
-    rows = [f"| {v.platform} | {v.torch_version} | {v.cuda} | {v.python} | `{v.build_tag}` |"
+    rows = [f"| {v.platform} | {v.torch_version} | {v.cuda} | {v.python} | `{v.build_tag}`"
+            f"{' (conda package only)' if v.no_wheel else ''} |"
             for v in release_variants(tag)]
     return "\n".join([
         f"{package} {version}: one wheel and one conda package per torch × CUDA × Python below.", "",
@@ -270,7 +273,7 @@ def _run(args: argparse.Namespace) -> int:
         if args.check:
             print("\n".join(str(p) for p in release_files(args.tag, args.platform, args.check)))
         else:
-            print("\n".join(v.wheel for v in release_variants(args.tag, args.platform)))
+            print("\n".join(v.wheel for v in release_variants(args.tag, args.platform) if not v.no_wheel))
         return 0
     if args.command == "release":
         files = publish(args.tag, args.platform, args.dist)

@@ -24,7 +24,8 @@ def table(variants: list[Variant], title: str) -> Table:
         out.add_column(col, no_wrap=col in ("name", "wheel"))
     for v in variants:
         out.add_row(v.name, v.platform, v.torch_version, v.cuda, v.python, v.build_tag,
-                    v.cuda_arch_list, v.wheel, "substitute" if v.substitute else "")
+                    v.cuda_arch_list, "none (conda only)" if v.no_wheel else v.wheel,
+                    "substitute" if v.substitute else "")
     return out
 
 

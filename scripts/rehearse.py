@@ -16,8 +16,9 @@ No conda channel is reachable here, so a recipe that only renders never ran. Thi
    and both hold sageattention's compiled modules (_C_sm80, _C_sm89) with the MMA instructions their
    kernels are made of (KERNELS: INT8 IMMA in both, the e4m3 QMMA in _C_sm89);
    rattler installs each package from the output channel into a fresh prefix, where it and its
-   extension modules import; each package carries its source tree's LICENSE; then the workflows' wheel
-   check (scripts.wheel_check --cuda-torch) runs on each wheel: real pip installs PyPI's CUDA torch (from
+   extension modules import; each package carries its source tree's LICENSE; every torch symbol of each
+   wheel's compiled modules is exported by the downloaded PyPI torch wheel (scripts.symbol_check); then the
+   workflows' wheel check (scripts.wheel_check --cuda-torch) runs on each wheel: real pip installs PyPI's CUDA torch (from
    the downloaded wheels, no index) and the wheel into a fresh venv, which imports it, compiled modules
    included; its license files are in dist-info/licenses.
 
@@ -45,7 +46,7 @@ import yaml
 from rattler.package_streaming import extract
 from rich.table import Table
 
-from scripts import ci, standin_channel, wheel_check
+from scripts import ci, standin_channel, symbol_check, wheel_check
 from scripts.matrix import console as make_console
 from scripts import variants
 from scripts.variants import ROOT, Variant, VariantError, load
@@ -204,6 +205,17 @@ def rattler_install_and_import(v: Variant, conda: Path, extracted: Path, channel
     return f"{len(records)} packages; imported {', '.join(modules)}"
 
 
+def check_symbols(wheel: Path, downloads: Path, v: Variant) -> str:
+    """Every torch symbol of the wheel's compiled modules is exported by the PyPI torch wheel downloaded for the
+    stand-in channel (the one the wheel requires)."""
+    tag = f"cp{v.python.replace('.', '')}"
+    (torch_wheel,) = sorted(downloads.glob(f"torch-{v.torch_version}-{tag}-{tag}-*.whl"))
+    _, missing = symbol_check.check_wheel(wheel, torch_wheel)
+    if missing:
+        raise RehearsalError(f"{wheel.name}: torch symbols {torch_wheel.name} does not export: {missing}")
+    return f"{wheel.name} against {torch_wheel.name}"
+
+
 class Rehearsal:
     """Runs the steps in order, timing each; the first failure stops it."""
 
@@ -269,6 +281,8 @@ def rehearse(args: argparse.Namespace, r: Rehearsal) -> None:
         if v.package in KERNELS:
             with r.step(f"{v.package}: compiled modules and their SASS in the wheel") as s:
                 s["result"] = check_wheel_kernels(v, wheel, cuobjdump)
+        with r.step(f"{v.package}: symbol closure against PyPI's torch wheel (scripts.symbol_check)") as s:
+            s["result"] = check_symbols(wheel, args.downloads, v)
         with r.step(f"{v.package}: the workflows' wheel check: CUDA torch, pip install, import") as s:
             # The workflows' check (CUDA torch first, then the wheel and its compiled modules), offline: torch's
             # CUDA wheels from PyPI stand in for PyTorch's index.

@@ -99,6 +99,10 @@ def torch_flavour() -> tuple:
         raise SystemExit("error: torch is not installed in this Python; install a CUDA build of torch first")
     if not torch.version.cuda:
         raise SystemExit(f"error: torch {torch.__version__} is a CPU build; our wheels need a CUDA build of torch")
+    if sys.platform.startswith("linux") and not torch.compiled_with_cxx11_abi():
+        raise SystemExit(f"error: torch {torch.__version__} is built with the pre-C++11 C++ ABI (PyPI's older Linux "
+                         "builds), which our Linux wheels can't load with; upgrade torch, or install the conda "
+                         "package (docs/installing.md)")
     return torch.__version__, ".".join(torch.__version__.split("+")[0].split(".")[:2]), torch.version.cuda.split(".")[0]
 
 

@@ -19,9 +19,9 @@ from scripts.wheel_names import Flavour, arch_tag
 
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS_DIR = ROOT / "variants"
-PLATFORMS = ("linux-64", "win-64")
+PLATFORMS = ("linux-64", "linux-aarch64", "win-64")
 PACKAGES = ("sageattention", "sageattn3")
-_PLATFORM_WORD = {"linux-64": "linux", "win-64": "windows"}
+_PLATFORM_WORD = {"linux-64": "linux", "linux-aarch64": "linux-aarch64", "win-64": "windows"}
 
 
 class VariantError(ValueError):
@@ -58,6 +58,7 @@ class Variant:
     wheel_platform: str = ""
     arch_tag: str = ""  # set by with_arch_list: built for other archs than cuda_arch_list
     arch_list: str = ""  # set by with_arch_list: the caller's TORCH_CUDA_ARCH_LIST
+    no_wheel: str | None = None  # why this build is a conda package only (no_wheel_reason)
 
     def with_arch_list(self, arch_list: str | None) -> Variant:
         """This variant built with TORCH_CUDA_ARCH_LIST=arch_list (None or empty: its own list), and named so."""
@@ -125,7 +126,8 @@ class Variant:
             "recipe": self.recipe,
             "conda_build_string": f"{self.build_string_prefix}h*_0",
             "conda_spec": f"{self.package} {self.version} {self.build_string_prefix}*",
-            "wheel": self.wheel,
+            "wheel": None if self.no_wheel else self.wheel,
+            "no_wheel": self.no_wheel,
             "index_page": self.index_page,
             "variant_config": self.variant_config(),
         }
@@ -238,6 +240,7 @@ class _Facts:
     """conda-forge facts and toolchain pairing, used to check and complete every row."""
 
     def __init__(self, root: Path):
+        self.root = root
         self.forge = read(root / "conda-forge.yaml", "conda_forge")
         self.toolchain = read(root / "toolchain.yaml", "toolchain")
 
@@ -265,9 +268,9 @@ class _Facts:
         tc = self.toolchain
         base = {k: v for k, v in tc["platforms"][platform].items() if k != "wheel_platform"}
         base["cuda_compiler"] = tc["cuda_compiler"]
-        if platform == "linux-64":
+        if platform.startswith("linux-"):
             if cuda not in tc["cuda_linux"]:
-                raise VariantError(f"toolchain.yaml: no compiler pairing for CUDA {cuda} on linux-64; "
+                raise VariantError(f"toolchain.yaml: no compiler pairing for CUDA {cuda} on Linux; "
                                    f"known: {', '.join(tc['cuda_linux'])}")
             pair = tc["cuda_linux"][cuda]
             base.update(c_compiler_version=pair["c_compiler_version"],
@@ -367,8 +370,25 @@ def _expand(spec: dict, version: str, min_cuda: str | None, facts: _Facts, row_s
                     requested_torch=row["torch"], requested_cuda=row["cuda"], torch_version=torch, cuda=cuda,
                     substitute=substitute, cuda_arch_list=";".join(archs),
                     toolchain=facts.toolchain_for(platform, cuda),
-                    wheel_platform=facts.toolchain["platforms"][platform]["wheel_platform"])
+                    wheel_platform=facts.toolchain["platforms"][platform]["wheel_platform"],
+                    no_wheel=no_wheel_reason(platform, _minor(torch), facts.root))
             for py in row["python"]]
+
+
+@cache
+def pypi_facts(root: Path = VARIANTS_DIR) -> dict:
+    """variants/pypi.yaml: how our conda packages become wheels, and what PyPI's torch wheels are."""
+    return read(root / "pypi.yaml", "pypi")
+
+
+def no_wheel_reason(platform: str, torch: str, root: Path = VARIANTS_DIR) -> str | None:
+    """Why a build for torch (major.minor) on a platform gets no wheel, or None: PyPI's torch there has the
+    pre-C++11 string ABI, and a module built against conda-forge's torch (C++11 ABI) would not load with it."""
+    spec = pypi_facts(root).get("pre_cxx11_abi", {}).get(platform)
+    if spec is None or Version(torch) not in SpecifierSet(spec):
+        return None
+    return (f"PyPI's torch {torch} for {platform} uses the pre-C++11 C++ ABI, so a wheel built against conda-forge's "
+            "torch (C++11 ABI) would not load with it: conda package only")
 
 
 def _check_unique(package: str, variants: list[Variant]) -> None:

@@ -20,7 +20,6 @@ import sys
 import tempfile
 import time
 from email.message import Message
-from functools import cache
 from pathlib import Path, PurePosixPath
 from zipfile import ZipInfo
 
@@ -30,27 +29,23 @@ from wheel.wheelfile import WheelFile
 
 from scripts.outputs import finished, source_date_epoch
 from scripts.tools import executable
-from scripts.variants import PACKAGES, VARIANTS_DIR, load, read
+from scripts.variants import PACKAGES, VARIANTS_DIR, load, no_wheel_reason, pypi_facts, read
 from scripts.wheel_names import Flavour, from_build_string
 
 # Never folded into a manylinux check: torch's wheels and the CUDA runtime provide them.
 AUDITWHEEL_EXCLUDE = frozenset({"libtorch*.so*", "libc10*.so*", "libcudart.so*"})
-_SITE = {"linux-64": "lib/python{py}/site-packages/", "win-64": "Lib/site-packages/"}
-_PLATFORM_TAG = {"linux-64": "linux_x86_64", "win-64": "win_amd64"}
+_SITE = {"linux-64": "lib/python{py}/site-packages/", "linux-aarch64": "lib/python{py}/site-packages/",
+         "win-64": "Lib/site-packages/"}
+_PLATFORM_TAG = {"linux-64": "linux_x86_64", "linux-aarch64": "linux_aarch64", "win-64": "win_amd64"}
 
 
 class ExportError(RuntimeError):
     """The package can't be a relocatable wheel (prefix placeholders, files outside site-packages…)."""
 
 
-@cache
-def _pypi_names() -> dict:
-    return read(VARIANTS_DIR / "pypi.yaml", "pypi")
-
-
 def requirements(depends: list[str], flavour: Flavour, extra: list[str]) -> list[str]:
     """Requires-Dist lines for conda `depends`; torch is pinned to the build's minor."""
-    mapping = _pypi_names()
+    mapping = pypi_facts()
     out = [f"torch=={flavour.torch}.*"]
     for dep in depends:
         spec = MatchSpec(dep)
@@ -81,7 +76,7 @@ def _wheel_requires(package: str, platform: str, flavour: Flavour) -> list[str]:
     if package not in PACKAGES:
         return []
     wanted = load(package).wheel_requires.get(platform, [])
-    triton = _pypi_names().get("triton_for_torch", {}).get(flavour.torch)
+    triton = pypi_facts().get("triton_for_torch", {}).get(flavour.torch)
     if triton is None and any("{triton}" in r for r in wanted):
         raise ExportError(f"variants/pypi.yaml: triton_for_torch has no entry for torch {flavour.torch}")
     return [r.format(triton=triton) for r in wanted]
@@ -154,9 +149,9 @@ def make_portable(files: dict[str, Path]) -> None:
         subprocess.run([patchelf, "--set-rpath", ":".join(kept + [torch_lib]), str(path)], check=True)
 
 
-def linux_platform_tag(wheel: Path) -> str:
-    """manylinux_2_XX_x86_64 when auditwheel says the linux-64 binary qualifies, else linux_x86_64."""
-    plain = _PLATFORM_TAG["linux-64"]
+def linux_platform_tag(wheel: Path, platform: str = "linux-64") -> str:
+    """manylinux_2_XX_<cpu> when auditwheel says the Linux binary qualifies, else linux_<cpu>."""
+    plain = _PLATFORM_TAG[platform]
     from auditwheel.error import NonPlatformWheelError
     from auditwheel.wheel_abi import analyze_wheel_abi
 
@@ -210,15 +205,19 @@ def _export(conda: Path, out_dir: Path, local_version: bool, manylinux: bool) ->
         if platform not in _SITE:
             raise ExportError(f"platform {platform!r} not supported; supported: {', '.join(_SITE)}")
         flavour = from_build_string(index["build"])
+        refused = no_wheel_reason(platform, flavour.torch)
+        if refused:
+            raise ExportError(refused)
         version = f"{index['version']}+{flavour.local_label}" if local_version else index["version"]
         files = site_packages_files(pkg, platform, flavour)
         licenses = license_files(pkg)
-        if platform == "linux-64":
+        linux = platform.startswith("linux-")
+        if linux:
             make_portable(files)
         requires = requirements(index.get("depends", []), flavour, _wheel_requires(index["name"], platform, flavour))
         plat = _PLATFORM_TAG[platform]
-        if manylinux and platform == "linux-64":  # auditwheel inspects a draft wheel for its manylinux tag
-            plat = linux_platform_tag(_write(Path(tmp), index, about, flavour, version, files, plat))
+        if manylinux and linux:  # auditwheel inspects a draft wheel for its manylinux tag
+            plat = linux_platform_tag(_write(Path(tmp), index, about, flavour, version, files, plat), platform)
         out_dir.mkdir(parents=True, exist_ok=True)
         return _write(out_dir, index, about, flavour, version, files, plat, requires, licenses)
 
@@ -269,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("dist/wheels"))
     parser.add_argument("--local-version", action="store_true",
                         help="version wheels 1.0.0+cu129torch2.8 (build tag kept) so pip can choose by version")
-    parser.add_argument("--no-manylinux", action="store_true", help="keep linux_x86_64 even when auditwheel qualifies")
+    parser.add_argument("--no-manylinux", action="store_true", help="keep linux_<cpu> even when auditwheel qualifies")
     args = parser.parse_args(argv)
     condas = [p for arg in args.packages for p in (finished(arg, "*.conda") if arg.is_dir() else [arg])]
     failed = 0

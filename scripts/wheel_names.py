@@ -109,11 +109,11 @@ def wheel_flavour(filename: str) -> tuple[str, str] | None:
     return decode_build_tag(f"{build[0]}{build[1]}")
 
 
-_MANYLINUX_X86_64 = re.compile(r"^manylinux(_\d+_\d+|1|2010|2014)_x86_64$")
+_MANYLINUX = re.compile(r"^manylinux(?:_\d+_\d+|1|2010|2014)_(?P<cpu>x86_64|aarch64)$")
 
 
 def is_wheel_named(expected: str, found: str) -> bool:
-    """Whether `found` is the wheel `expected` names; a manylinux tag stands for linux_x86_64 (auditwheel's rename)."""
+    """Whether `found` is the wheel `expected` names; a manylinux tag stands for linux_<cpu> (auditwheel's rename)."""
     try:
         want, got = parse_wheel_filename(expected), parse_wheel_filename(found)
     except ValueError:
@@ -121,7 +121,8 @@ def is_wheel_named(expected: str, found: str) -> bool:
     if want[:3] != got[:3]:
         return False
     (tag,) = want[3]
-    return all((t.interpreter, t.abi) == (tag.interpreter, tag.abi)
-               and (t.platform == tag.platform
-                    or (tag.platform == "linux_x86_64" and _MANYLINUX_X86_64.match(t.platform) is not None))
-               for t in got[3])
+    def same_platform(platform: str) -> bool:
+        manylinux = _MANYLINUX.match(platform)
+        return platform == tag.platform or (manylinux is not None and tag.platform == f"linux_{manylinux['cpu']}")
+
+    return all((t.interpreter, t.abi) == (tag.interpreter, tag.abi) and same_platform(t.platform) for t in got[3])

@@ -9,6 +9,8 @@
 #        against the Triton path and cuDNN, the time split between quantization and attention, and an ncu report)
 #        bash sageattention/bench/device_run.sh models [models args...]   (the real-model benchmark only; default
 #        arguments: --first-call --spread 3)
+#        bash sageattention/bench/device_run.sh record   (the results of record of docs/performance.md: the FA3 and
+#        B4 H32 suites with every column, the real-model shapes with first calls, the accuracy table)
 # Time limits, for a machine that takes a run away after a while: PYTEST_LIMIT (seconds) interrupts pytest with SIGINT
 # so that it still names its failures, BENCH_LIMIT each benchmark or profiling step. Unset (the default): no limit.
 # SAGE_BENCH_COMMIT: the commit the results record where the checkout has no .git.
@@ -36,6 +38,17 @@ for f in $families; do wait -n || { tail -n 30 "$OUT"/build_*.log; exit 1; }; do
 # One build log instead of one per family: each family's last lines.
 for f in $families; do echo "== $f"; tail -n 5 "$OUT/build_$f.log"; done >"$OUT/build.log"; rm -f "$OUT"/build_*.log
 echo "built $families in ${SECONDS} s"
+if [ "$mode" = record ]; then
+  python3 -m sageattention.bench.warm >"$OUT/warm.log" 2>&1
+  limited "${BENCH_LIMIT:-}" python3 -m sageattention.bench.run --suite fa3 --suite b4h32 --out "$OUT" \
+    --methods "sm90 wgmma e2e,sm89 mma.sync e2e,sage triton e2e,sage e2e,sdpa flash bf16,sdpa cudnn bf16" 2>&1 |
+    tee "$OUT/bench.log"
+  limited "${BENCH_LIMIT:-}" python3 -m sageattention.bench.models --out "$OUT" --no-warm --first-call \
+    --methods "sdpa,sdpa cudnn,sageattn" 2>&1 | tee "$OUT/models.log"
+  limited "${BENCH_LIMIT:-}" python3 -m sageattention.bench.accuracy --out "$OUT" --methods "sageattn,sdpa bf16" \
+    --models flux,sdxl,cogvideox,wan,llm-gqa 2>&1 | tee "$OUT/accuracy.log"
+  exit
+fi
 if [ "$mode" = models ]; then
   [ "$#" -gt 0 ] || set -- --first-call --spread 3
   limited "${BENCH_LIMIT:-}" python3 -m sageattention.bench.models --out "$OUT" "$@" 2>&1 | tee "$OUT/models.log"

@@ -17,7 +17,8 @@ from tests.ci.stand_ins import python_tool
 # what conda-forge builds against (BUILD_MATRIX.md): Linux 2.7 uses torch 2.7.1 + CUDA 12.9 (270.129),
 # Windows 2.8 uses CUDA 12.8 (280.128); the seed document's names assumed 270.128 and 280.129 everywhere.
 SAGE3_V100 = [f"sageattn3-1.0.0-{tag}-cp{py}-cp{py}-{plat}.whl"
-              for plat, tags in (("linux_x86_64", ("270.129", "280.129")), ("win_amd64", ("270.128", "280.128")))
+              for plat, tags in (("linux_x86_64", ("270.129", "280.129")), ("linux_aarch64", ("270.129", "280.129")),
+                                 ("win_amd64", ("270.128", "280.128")))
               for tag in tags for py in ("310", "311", "312", "313")]
 
 
@@ -77,10 +78,10 @@ def test_matrix_github_output_is_one_line_json_with_a_count(tmp_path, monkeypatc
     assert {r["platform"] for r in rows} == {"win-64"} and len({r["name"] for r in rows}) == 8
 
 
-def test_v1_0_0_sage3_releases_16_wheels_computed_from_variants(capsys):
+def test_v1_0_0_sage3_releases_24_wheels_computed_from_variants(capsys):
     names = [v.wheel for v in release_variants("v1.0.0-sage3")]
     assert names == SAGE3_V100
-    assert sum(n.endswith("linux_x86_64.whl") for n in names) == 8 and sum(n.endswith("win_amd64.whl") for n in names) == 8
+    assert [sum(n.endswith(f"{p}.whl") for n in names) for p in ("linux_x86_64", "linux_aarch64", "win_amd64")] == [8] * 3
     for name in names:  # PEP 427, with a build tag
         dist, version, build, tags = parse_wheel_filename(name)
         assert (dist, str(version)) == ("sageattn3", "1.0.0") and build and len(tags) == 1

@@ -31,7 +31,7 @@ def reusable():
     return load_workflow(REUSABLE)
 
 
-def test_the_workflow_files_are_the_four_callers_and_the_shared_jobs():
+def test_the_workflow_files_are_the_callers_and_the_shared_jobs():
     assert sorted(p.name for p in WORKFLOWS.glob("*.y*ml")) == sorted([*CALLERS, REUSABLE.name])
 
 
@@ -133,6 +133,15 @@ def test_build_wheels_is_one_job_per_variant_with_checks_and_artifacts(reusable)
     uploads = [s["with"] for s in job["steps"] if s.get("uses", "").startswith("actions/upload-artifact@")]
     assert uploads[0]["name"] == "pkg-${{ matrix.name }}" and uploads[0]["if-no-files-found"] == "error"
     assert "dist/wheels/*.whl" in uploads[0]["path"] and "dist/channel/*/*.conda" in uploads[0]["path"]
+
+
+def test_build_wheels_checks_symbols_and_skips_wheel_steps_for_conda_only_rows(reusable):
+    steps = {s["run"].split()[2]: s for s in reusable["jobs"]["build-wheels"]["steps"] if "run" in s}
+    # Every torch symbol the compiled modules need is in the PyPI torch wheel they require (Linux ELF modules).
+    assert steps["symbol-check"]["run"] == "pixi run symbol-check dist/wheels/*.whl"
+    assert steps["symbol-check"]["if"] == "matrix.wheel && inputs.platform != 'win-64'"
+    # A row whose PyPI torch has the other C++ ABI has no wheel (matrix.wheel is null): nothing to check or install.
+    assert steps["check-wheels"]["if"] == "matrix.wheel"
 
 
 def test_build_summary_tables_the_profile(reusable):

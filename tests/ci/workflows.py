@@ -14,8 +14,10 @@ REUSABLE = WORKFLOWS / "_build-wheels.yml"
 # Caller workflow → (package, platform, runner prefix): names after the seed documents.
 CALLERS = {
     "build-wheels-sage2-linux.yml": ("sageattention", "linux-64", "ubuntu-"),
+    "build-wheels-sage2-linux-aarch64.yml": ("sageattention", "linux-aarch64", "ubuntu-24.04-arm"),
     "build-wheels-sage2-windows.yml": ("sageattention", "win-64", "windows-"),
     "build-wheels-sage3-linux.yml": ("sageattn3", "linux-64", "ubuntu-"),
+    "build-wheels-sage3-linux-aarch64.yml": ("sageattn3", "linux-aarch64", "ubuntu-24.04-arm"),
     "build-wheels-sage3-windows.yml": ("sageattn3", "win-64", "windows-"),
 }
 

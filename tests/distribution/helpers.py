@@ -115,9 +115,10 @@ def http_server(root: Path):
         proc.wait(timeout=10)
 
 
-def stub_torch(out: Path, version: str, cuda: str | None = "12.9") -> Path:
-    """A stand-in torch wheel that knows its version and CUDA line (torch.version.cuda; None: a CPU build)."""
-    return stub_wheel(out, "torch", version, f"__version__ = {version!r}\n\n\nclass version:\n    cuda = {cuda!r}\n")
+def stub_torch(out: Path, version: str, cuda: str | None = "12.9", cxx11_abi: bool = True) -> Path:
+    """A stand-in torch wheel that knows its version, CUDA line (torch.version.cuda; None: a CPU build) and C++ ABI."""
+    return stub_wheel(out, "torch", version, f"__version__ = {version!r}\n\n\nclass version:\n    cuda = {cuda!r}\n\n\n"
+                      f"def compiled_with_cxx11_abi():\n    return {cxx11_abi!r}\n")
 
 
 def fresh_venv(where: Path) -> Path:
@@ -139,3 +140,13 @@ def run_py(python: Path, code: str) -> str:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     return subprocess.run([str(python), "-c", code], capture_output=True, text=True, env=env, cwd=python.parent,
                           check=True).stdout.strip()
+
+
+def fake_rattler_build(package: Path):
+    """A stand-in for scripts.build.build_command: the "build" drops `package` where rattler-build would write it,
+    mode 0600 as rattler-build does."""
+    def command(variant, scratch, channels):
+        code = ("import shutil, sys, pathlib; d = pathlib.Path(sys.argv[2]) / 'linux-64'; d.mkdir(); "
+                "pathlib.Path(shutil.copy(sys.argv[1], d)).chmod(0o600)")
+        return [sys.executable, "-c", code, str(package), str(scratch)]
+    return command

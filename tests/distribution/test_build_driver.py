@@ -15,6 +15,7 @@ from rattler.index import index_fs
 
 from scripts import build, tools
 from scripts.variants import ROOT, VARIANTS_DIR, load
+from tests.distribution.helpers import fake_rattler_build
 
 
 def driver(tmp_path, *args):
@@ -68,14 +69,7 @@ def test_failed_build_is_reported_with_its_log_and_leaves_no_package(tmp_path, c
 
 def test_successful_build_lands_indexed_with_wheel_and_page(tmp_path, capsys, monkeypatch, channel):
     prebuilt = channel[1][("2.8", "12.9")][1]  # a package laid out like a recipe build, Python = this one's
-
-    def fake_rattler_build(v, scratch, channels):
-        # Stands in for rattler-build: drop the finished package where it would write it, mode 0600 as it does.
-        code = ("import shutil, sys, pathlib; d = pathlib.Path(sys.argv[2]) / 'linux-64'; d.mkdir(); "
-                "pathlib.Path(shutil.copy(sys.argv[1], d)).chmod(0o600)")
-        return [sys.executable, "-c", code, str(prebuilt), str(scratch)]
-
-    monkeypatch.setattr(build, "build_command", fake_rattler_build)
+    monkeypatch.setattr(build, "build_command", fake_rattler_build(prebuilt))
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
     assert driver(tmp_path, "--package", "sageattn3", "--channel", channel[0].as_uri()) == 0
     dist = tmp_path / "dist"

@@ -31,7 +31,7 @@ def test_pixi_manifest_matches_the_schema_and_has_the_tasks():
     manifest = tomllib.loads((ROOT / "pixi.toml").read_text())
     validate(manifest, "pixi-manifest.schema.json")
     assert manifest["workspace"]["channels"] == ["conda-forge"]
-    assert manifest["workspace"]["platforms"] == ["linux-64", "win-64"]
+    assert manifest["workspace"]["platforms"] == ["linux-64", "linux-aarch64", "win-64"]
     tasks = {name: task for feature in manifest["feature"].values() for name, task in feature.get("tasks", {}).items()}
     assert {"build-sage2", "build-sage3", "matrix", "export-wheels", "check-wheels", "index", "test", "bench"} <= set(tasks)
     for task, package in (("build-sage2", "sageattention"), ("build-sage3", "sageattn3")):
@@ -76,16 +76,28 @@ def test_requirements_pin_the_variant(rendered):
         cuda_dev = CUDA_DEV if v.package == "sageattn3" else CUDA_DEV[:1]
         assert req["host"] == ["python", "pip", "setuptools", f"pytorch {v.torch}.*", "pytorch * cuda*",
                                f"cuda-version {v.cuda}.*", *cuda_dev], v.name
-        triton = ["triton"] if v.platform == "linux-64" else []
+        triton = ["triton"] if v.platform.startswith("linux-") else []
         assert req["run"] == ["python", "pytorch * cuda*", *triton], v.name
         build = req["build"]
         assert f"cuda-nvcc_{v.platform} {v.cuda}.*" in build
-        if v.platform == "linux-64":
+        if v.platform.startswith("linux-"):
             gcc = v.toolchain["c_compiler_version"]
-            assert build[:2] == [f"gcc_linux-64 {gcc}.*", f"gxx_linux-64 {gcc}.*"]
-            assert f"sysroot_linux-64 {v.toolchain['c_stdlib_version']}.*" in build
+            assert build[:2] == [f"gcc_{v.platform} {gcc}.*", f"gxx_{v.platform} {gcc}.*"]
+            assert f"sysroot_{v.platform} {v.toolchain['c_stdlib_version']}.*" in build
         else:
             assert build[:2] == ["vs2022_win-64", "vs2022_win-64"]
+
+
+def test_the_recipes_render_for_linux_aarch64_with_its_own_toolchain(rendered):
+    # GH200, GB200 and DGX Spark are aarch64 machines; nothing in the recipes may assume x86_64.
+    for package in PACKAGES:
+        arm = {v: out for v, out in rendered.items() if v.package == package and v.platform == "linux-aarch64"}
+        assert arm and all(out is not None for out in arm.values()), package
+        for v, out in arm.items():
+            assert out["build_configuration"]["target_platform"] == "linux-aarch64"
+            text = json.dumps(out["recipe"])
+            assert "x86_64" not in text and "linux-64" not in text, v.name
+            assert v.wheel.endswith("-linux_aarch64.whl")
 
 
 def test_script_forwards_arch_list_and_jobs(rendered):
@@ -112,7 +124,7 @@ def test_package_tests_import_and_pip_check(rendered):
         (test,) = out["recipe"]["tests"]
         assert test["python"]["imports"] == [v.import_name]
         # rattler-build leaves out pip_check when it is the default (true).
-        assert test["python"].get("pip_check", True) is (v.platform == "linux-64")
+        assert test["python"].get("pip_check", True) is v.platform.startswith("linux-")
 
 
 def test_recipe_source_paths_point_at_the_packages():

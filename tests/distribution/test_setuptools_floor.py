@@ -13,7 +13,10 @@ from scripts.variants import ROOT
 from tests.distribution.helpers import run_py
 
 PACKAGES = {"sageattention": ROOT, "sageattn3": ROOT / "sageattention3_blackwell"}
-SOURCES = ("pyproject.toml", "setup.py", "build_rules.py", "README.md", "LICENSE", "MANIFEST.in")
+# What each package's sdist holds for a pure-Python build (MANIFEST.in), relative to its folder; sageattention's
+# build rules use the build support that lives in sageattn3's folder.
+SOURCES = ("pyproject.toml", "setup.py", "build_rules.py", "build_support.py", "cuda_setup.py", "README.md", "LICENSE",
+           "MANIFEST.in", "sageattention3_blackwell/build_support.py", "sageattention3_blackwell/cuda_setup.py")
 
 
 def floor(source) -> str:
@@ -49,11 +52,12 @@ def test_source_build_with_exactly_the_setuptools_floor(venv_at_floor, tmp_path,
     copy.mkdir()
     for name in SOURCES:
         if (source / name).exists():
-            shutil.copy(source / name, copy)
+            (copy / name).parent.mkdir(exist_ok=True)
+            shutil.copy(source / name, copy / name)
     shutil.copytree(source / package, copy / package, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
     proc = pip_for(python, "install", "--no-index", "--no-build-isolation", "--no-deps", str(copy), SAGE_BUILD_CUDA="0")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     meta = run_py(python, f"import importlib.metadata as m; d = m.distribution({package!r}); "
                           "print(m.version('setuptools'), d.version, d.metadata['License-Expression'])")
-    (ours,) = re.findall(r'^version = "(.+)"$', (source / "pyproject.toml").read_text(), re.MULTILINE)
+    (ours,) = re.findall(r'^__version__ = "(.+)"$', (source / package / "__init__.py").read_text(), re.MULTILINE)
     assert meta.split() == [version, ours, "Apache-2.0"]

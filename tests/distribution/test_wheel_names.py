@@ -5,7 +5,7 @@ from hypothesis import strategies as st
 from packaging.utils import parse_wheel_filename
 
 from scripts.variants import PACKAGES, load
-from scripts.wheel_names import Flavour, arch_tag, decode_build_tag, from_build_string, wheel_flavour
+from scripts.wheel_names import Flavour, arch_tag, decode_build_tag, from_build_string, is_wheel_named, wheel_flavour
 
 torch = st.builds(lambda minor: f"2.{minor}", st.integers(0, 99))
 cuda = st.builds(lambda major, minor: f"{major}.{minor}", st.integers(10, 99), st.integers(0, 9))
@@ -53,3 +53,10 @@ def test_the_variants_own_arch_list_keeps_the_plain_names(arch_list):
 def test_foreign_build_strings_are_refused(bad):
     with pytest.raises(ValueError, match="does not look like"):
         from_build_string(bad)
+
+
+def test_a_manylinux_aarch64_wheel_is_the_linux_aarch64_one_it_was_named():
+    want = "sageattn3-1.0.0-280.129-cp312-cp312-linux_aarch64.whl"
+    assert is_wheel_named(want, want.replace("linux_aarch64", "manylinux_2_28_aarch64"))
+    assert not is_wheel_named(want, want.replace("linux_aarch64", "manylinux_2_28_x86_64"))
+    assert not is_wheel_named(want, want.replace("linux_aarch64", "linux_x86_64"))
