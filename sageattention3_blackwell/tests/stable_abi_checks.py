@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,12 @@ def build_wheel(source: Path, out: Path, arch_list: str, **env) -> Path:
                     str(source)], check=True, env=env, capture_output=True, text=True)
     (wheel,) = out.glob("*.whl")
     return wheel
+
+
+def unpack(wheel: Path, folder: Path) -> Path:
+    with zipfile.ZipFile(wheel) as whl:
+        whl.extractall(folder)
+    return folder
 
 
 def undefined_symbols(library: Path, demangle: bool) -> set:

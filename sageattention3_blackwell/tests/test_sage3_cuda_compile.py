@@ -85,10 +85,7 @@ def stable_wheel(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def unpacked(stable_wheel, tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("sage3_site")
-    with ZipFile(stable_wheel) as whl:
-        whl.extractall(folder)
-    return folder
+    return stable_abi_checks.unpack(stable_wheel, tmp_path_factory.mktemp("sage3_site"))
 
 
 def test_stable_wheel_is_abi3_and_requires_torch_2_10(stable_wheel):

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.build.source_tree import SUPPORT, copy_sources
+
 ROOT = Path(__file__).resolve().parents[2]
-SUPPORT = ["sageattention3_blackwell/build_support.py", "sageattention3_blackwell/cuda_setup.py",  # both packages'
-           "sageattention3_blackwell/csrc/torch_binding.h"]
 BACKEND = """
 import sys
 sys.modules["torch"] = None  # `import torch` raises ImportError, as in an isolated build
@@ -28,17 +28,7 @@ print("BUILT " + getattr(build_meta, "build_" + kind)(out))
 
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory):
-    """The files a source build sees: the root's files, the package and the kernel sources."""
-    where = tmp_path_factory.mktemp("source")
-    for item in ROOT.iterdir():
-        if item.is_file():
-            shutil.copy2(item, where / item.name)
-    for folder in ("sageattention", "csrc"):
-        shutil.copytree(ROOT / folder, where / folder, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
-    for name in SUPPORT:
-        (where / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(ROOT / name, where / name)
-    return where
+    return copy_sources(tmp_path_factory.mktemp("source"))
 
 
 def build(tree: Path, kind: str, out: Path, mode: str | None):

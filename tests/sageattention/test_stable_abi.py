@@ -7,7 +7,6 @@ its own extension the same way (the helpers are shared: sageattention3_blackwell
 """
 import json
 import re
-import shutil
 import subprocess
 import sys
 from email.parser import Parser
@@ -18,6 +17,7 @@ import pytest
 import torch
 
 import sageattention
+from tests.build.source_tree import copy_sources
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "sageattention3_blackwell" / "tests"))
@@ -29,32 +29,18 @@ finally:
 VERSION = sageattention.__version__
 # What a module takes from CPython: the limited-API functions that make it and its two torch-free functions' answers.
 LIMITED_API_USED = {"PyModule_Create2", "PyBool_FromLong"}
-# The files a source build of sageattention sees (its sdist's): the root's files, the package, the kernel sources,
-# and the build support and torch_binding.h it shares with sageattn3.
-SHARED = ["build_support.py", "cuda_setup.py", "csrc/torch_binding.h"]
 
 
 @pytest.fixture(scope="session")
 def stable_wheel(tmp_path_factory) -> Path:
-    src = tmp_path_factory.mktemp("sageattention_src")
-    for item in ROOT.iterdir():
-        if item.is_file():
-            shutil.copy2(item, src / item.name)
-    for folder in ("sageattention", "csrc"):
-        shutil.copytree(ROOT / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
-    for name in SHARED:
-        (src / "sageattention3_blackwell" / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(ROOT / "sageattention3_blackwell" / name, src / "sageattention3_blackwell" / name)
+    src = copy_sources(tmp_path_factory.mktemp("sageattention_src"))
     return stable_abi_checks.build_wheel(src, tmp_path_factory.mktemp("sageattention_wheel"), "8.0",
                                          SAGE_BUILD_FAMILIES="sm80")
 
 
 @pytest.fixture(scope="session")
 def unpacked(stable_wheel, tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("sageattention_site")
-    with ZipFile(stable_wheel) as whl:
-        whl.extractall(folder)
-    return folder
+    return stable_abi_checks.unpack(stable_wheel, tmp_path_factory.mktemp("sageattention_site"))
 
 
 def test_stable_wheel_is_abi3_and_requires_torch_2_10(stable_wheel):
