@@ -34,16 +34,17 @@ def cuda_home() -> Path | None:
 
 
 def build_wheel(source: Path, out: Path, arch_list: str, **env) -> Path:
-    """The wheel of `source` built with SAGE_BUILD_CUDA=1 for `arch_list` against the installed torch, in its
-    default flavour (stable ABI for torch >= 2.10); skips without the toolkit or with an older torch."""
+    """The wheel of `source` built with SAGE_BUILD_CUDA=1 for `arch_list` against the installed torch (or the one
+    `env`'s PYTHONPATH gives), in its default flavour (stable ABI for torch >= 2.10) unless `env` says
+    SAGE_STABLE_ABI; skips without the toolkit or with an older torch."""
     home = cuda_home()
     if home is None:
         pytest.skip("needs the CUDA toolkit (nvcc and its headers; set CUDA_HOME)")
     if tuple(int(n) for n in torch.__version__.split(".")[:2]) < (2, 10):
         pytest.skip(f"the stable-ABI build needs torch >= 2.10 to build against, found {torch.__version__}")
-    env = {**os.environ, "SAGE_BUILD_CUDA": "1", "CUDA_HOME": str(home), "TORCH_CUDA_ARCH_LIST": arch_list,
+    inherited = {k: v for k, v in os.environ.items() if k != "SAGE_STABLE_ABI"}
+    env = {**inherited, "SAGE_BUILD_CUDA": "1", "CUDA_HOME": str(home), "TORCH_CUDA_ARCH_LIST": arch_list,
            "MAX_JOBS": "2", **env}
-    env.pop("SAGE_STABLE_ABI", None)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q", "-w", str(out),
                     str(source)], check=True, env=env, capture_output=True, text=True)
     (wheel,) = out.glob("*.whl")
@@ -89,6 +90,16 @@ def pypi_torch_env(version: str) -> dict:
     trees = [torch_tree(version), torch_tree(CUDA13_TORCH[-1])]
     env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "PYTHONPATH")}
     return {**env, "PYTHONPATH": os.pathsep.join(map(str, trees))}
+
+
+def torch_alone(version: str, folder: Path) -> Path:
+    """A folder for PYTHONPATH that holds PyPI's torch `version` (and its CUDA libraries) but not the rest of its
+    tree, whose older setuptools would shadow the build's."""
+    tree = torch_tree(version)
+    for name in ("torch", "torchgen", "functorch", "nvidia"):
+        if (tree / name).exists():
+            (folder / name).symlink_to(tree / name)
+    return folder
 
 
 def torch_tree(version: str) -> Path:

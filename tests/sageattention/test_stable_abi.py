@@ -2,7 +2,8 @@
 compile) built once per session against the installed torch (>= 2.10; a CPU build will do) is an abi3 wheel that
 requires torch>=2.10, takes nothing of libtorch's C++ API and only the limited API of CPython, and loads and
 registers its CUDA kernels under the installed torch and under PyPI's oldest and newest CUDA 13 torch; every
-family's binding also compiles as the version-specific (ATen) build. sageattn3's test_sage3_cuda_compile.py checks
+family's binding also compiles as the version-specific (ATen) build, and sm80's builds as one against PyPI's newest
+CUDA torch, and loads and registers alike. sageattn3's test_sage3_cuda_compile.py checks
 its own extension the same way (the helpers are shared: sageattention3_blackwell/tests/stable_abi_checks.py).
 """
 import json
@@ -111,7 +112,27 @@ def test_stable_module_loads_under_cuda_torch_from_pypi(unpacked, version):
     assert found["torch"].split("+")[0] == version
 
 
-@pytest.mark.parametrize("family", list(sageattention.archs.FAMILIES))
-def test_every_family_binding_compiles_against_aten_too(family):
-    """The same source is the version-specific build (torch < 2.10, or SAGE_STABLE_ABI=0)."""
+@pytest.mark.parametrize("family", [f for f in sageattention.archs.FAMILIES if f != "sm80"])
+def test_the_other_families_bindings_compile_against_aten_too(family):
+    """The same source is the version-specific build (torch < 2.10, or SAGE_STABLE_ABI=0); sm80's is built below."""
     stable_abi_checks.compile_against_aten(ROOT / "csrc" / family / "bindings.cpp", ROOT / "csrc")
+
+
+@pytest.fixture(scope="session")
+def version_specific(tmp_path_factory) -> Path:
+    """The version-specific build of the same family from the same sources, against PyPI's newest CUDA torch (a CPU
+    torch lacks the CUDA headers it includes)."""
+    newest = stable_abi_checks.torch_alone(stable_abi_checks.CUDA13_TORCH[-1], tmp_path_factory.mktemp("torch"))
+    wheel = stable_abi_checks.build_wheel(copy_sources(tmp_path_factory.mktemp("sageattention_src")),
+                                          tmp_path_factory.mktemp("aten_wheel"), "8.0", SAGE_BUILD_FAMILIES="sm80",
+                                          SAGE_STABLE_ABI="0", PYTHONPATH=str(newest))
+    return stable_abi_checks.unpack(wheel, tmp_path_factory.mktemp("aten_site"))
+
+
+def test_version_specific_module_from_the_same_sources(version_specific):
+    (module,) = (version_specific / "sageattention").glob("_C_*.so")
+    assert module.name.startswith("_C_sm80.cpython-")
+    meta = Parser().parsestr(next(version_specific.glob("*.dist-info/METADATA")).read_text())
+    assert [r for r in meta.get_all("Requires-Dist") if re.match(r"torch\b", r)] == ["torch>=2.6"]
+    version = stable_abi_checks.CUDA13_TORCH[-1]
+    assert _load_and_call(version_specific, stable_abi_checks.pypi_torch_env(version))["torch"].startswith(version)
