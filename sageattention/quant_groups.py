@@ -23,7 +23,7 @@ Q_BLOCK = 128  # query tokens per quantization period
 K_BLOCK = 128  # key tokens per per-block quantization period
 # fp32's least normal: every quantization scale's floor, whose reciprocal (2**126) must stay finite; a smaller scale
 # (all |x| of a group below 127 * 2**-126, or 448 * 2**-126 for FP8 V: bf16 only) would make x * (1 / scale) inf.
-# csrc/common/prepare.cuh kMinScale is the same number.
+# csrc/common/quant.cuh kMinScale is the same number.
 MIN_SCALE = 2.0**-126
 
 

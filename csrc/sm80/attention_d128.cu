@@ -1,4 +1,4 @@
 // Instantiation: 16-bit P·V attention, head_dim 128 (padded).
-#include "common/attention.cuh"
+#include "mma_sync/attention.cuh"
 
 template void sage::run_attention<128, false>(const sage::AttentionParams&, sage::DType, cudaStream_t);

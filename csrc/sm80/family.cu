@@ -1,5 +1,5 @@
 // The sm80 family's entry points (16-bit P·V).
-#include "common/family.cuh"
+#include "mma_sync/family.cuh"
 
 void sage::attention_pv16(const AttentionParams& p, DType dtype, int d_pad, cudaStream_t stream) {
   run_family<false>(p, dtype, d_pad, stream);

@@ -1,5 +1,5 @@
 // The sm89 family's entry points (FP8 P·V).
-#include "common/family.cuh"
+#include "mma_sync/family.cuh"
 
 void sage::attention_pv8(const AttentionParams& p, DType dtype, int d_pad, cudaStream_t stream) {
   run_family<true>(p, dtype, d_pad, stream);

@@ -1,6 +1,6 @@
 // The sm90 family's entry points: the tensor maps of a call, the head_dim instantiation, and whether the device runs
 // this module.
-#include "sm90/attention_sm90.cuh"
+#include "sm90/launch.cuh"
 #include "sm90/tensor_maps.h"
 
 namespace sage::sm90 {

@@ -55,7 +55,7 @@ __device__ __forceinline__ void wgmma_e4m3_m64n{n}k32(float (&d)[{regs}], const 
 
 
 def main(out: Path) -> None:
-    # P·V at head_dim + 8: V^T's 8 extra rows of ones give P's row sums (attention_sm90.cuh)
+    # P·V at head_dim + 8: V^T's 8 extra rows of ones give P's row sums (mma.cuh, pv_issue)
     text = HEADER + s8_smem(128) + e4m3_reg(72) + e4m3_reg(136) + "\n}  // namespace sage::sm90\n"
     out.write_text(text)
 

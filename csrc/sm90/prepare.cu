@@ -2,7 +2,7 @@
 // shared memory of a thread-block cluster, prepare_kv_cluster: one pass over K and V.
 //
 // prepare_kv (common/prepare.cuh) reads K and V twice, once for the statistics and once to quantize, and its
-// quantization units wait for other programs' statistics; it is latency-bound (docs/hopper_kernel.md, item 3). Here a
+// quantization units wait for other programs' statistics; it is latency-bound (docs/design/prepare.md). Here a
 // cluster of programs takes one head of K (or of V), each program a slice of its tokens, copied whole into shared
 // memory by the bulk tensor copy engine; the programs exchange their per-channel partial statistics through
 // distributed shared memory, then quantize their slices from shared memory. Each tensor is read from DRAM once, and no
@@ -18,11 +18,11 @@
 namespace sage::sm90 {
 namespace {
 
-// Slices of 32-64 KB of 16-bit rows (128-256 tokens at d128, 256-512 at d64) in clusters of up to 16 programs
-// measured fastest on an H100; 128 KB slices (one program per SM) were slower than prepare_kv (docs/benchmarks.md,
-// session 23). Slices up to 80 KB (two programs per SM) still beat prepare_kv on Flux's 4608-token heads (session
-// 24), so heads up to 5120 tokens at d128 and 10240 at d64 take this path (past 8 programs a cluster has a
-// non-portable size, which the launch allows).
+// Slices of 32-64 KB of 16-bit rows (128-256 tokens at d128, 256-512 at d64) in clusters of up to 16 programs measured
+// fastest on an H100; 128 KB slices (one program per SM) were slower than prepare_kv. Slices up to 80 KB (two programs
+// per SM) still beat prepare_kv on Flux's 4608-token heads (docs/decisions/0006-sm90-prepare-cluster-slices.md), so
+// heads up to 5120 tokens at d128 and 10240 at d64 take this path (past 8 programs a cluster has a non-portable size,
+// which the launch allows).
 constexpr int kMaxCluster = 16;
 constexpr int kMinSliceBytes = 32 * 1024;
 constexpr int kMaxSliceBytes = 80 * 1024;

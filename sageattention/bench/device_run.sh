@@ -17,7 +17,7 @@
 # The compiled kernels are built in place first (TORCH_CUDA_ARCH_LIST = this GPU; ninja keeps later runs incremental).
 set -o pipefail
 mode=${1:-quick}; shift || true
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:$PWD/sageattention3_blackwell OUT=${OUT:-/tmp/out}
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:$PWD/sageattention3_blackwell${PYTHONPATH:+:$PYTHONPATH} OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 limited() {  # limited SECONDS CMD...: CMD, interrupted after SECONDS when SECONDS is set
   local limit=$1; shift

@@ -1,7 +1,7 @@
 """nvcc compiles the kernels of csrc/ for each family's archs, and their SASS holds the instructions they exist for.
 
 No GPU and no torch headers needed: the kernel sources are torch-free (only csrc/<family>/bindings.cpp includes
-torch; the rehearsal builds the whole extension). Each (source, arch) is compiled once per session to a cubin.
+torch; the rehearsal builds the whole extension). Each (source, arch) is compiled once per test run to a cubin.
 On sm_90 the e4m3 mma.sync has no native instruction: nvcc lowers it to f16 HMMA (which is why Hopper needs its
 own wgmma kernel); sm_89 and sm_120 run it as QMMA. The sm90 family is compiled for sm_90a alone.
 """
@@ -93,9 +93,10 @@ BULK_STORE = {("sm90", "attention_d64.cu"): 64, ("sm90", "attention_d128.cu"): 1
 
 @pytest.mark.parametrize("family, source, arch", [case for case in CASES if case[1].startswith("attention_")])
 def test_outputs_are_stored_in_16_byte_pieces(sass, family, source, arch):
-    """store_rows writes a whole 8-channel slice per lane with one 16-byte store (session 22: full 32-byte sectors and a
-    quarter of the store instructions); nvcc had split the same store, written as a uint4, into four 32-bit ones. The
-    sm90 kernels store aligned rows by the copy engine instead (session 39): d / 16 stmatrix.x4 per thread (its
+    """store_rows writes a whole 8-channel slice per lane with one 16-byte store (full 32-byte sectors and a quarter of
+    the store instructions: docs/decisions/0014-sixteen-byte-output-stores.md); nvcc had split the same store, written
+    as a uint4, into four 32-bit ones. The sm90 kernels store aligned rows by the copy engine instead
+    (docs/decisions/0013-sm90-bulk-tensor-epilogue.md): d / 16 stmatrix.x4 per thread (its
     2 x d / 4 values), a warpgroup's d / 64 boxes of 64 columns, and the wait for their reads at each item's start and
     before the program exits (the staging rows are written again)."""
     for kernel in sass(family, source, arch).split("Function :")[1:]:
@@ -131,8 +132,8 @@ def test_generated_wgmma_header_is_current(tmp_path):
 @pytest.mark.parametrize("source", ["attention_d64.cu", "attention_d128.cu"])
 def test_sm90_exponents_share_their_issue_slots(sass, source):
     """The exponent unit takes a warp's MUFU.EX2 every 8 cycles: ptxas fills those gaps only with work in the same
-    straight run of code (session 20 moved O's update and P's packing into it). A long run of back-to-back MUFU.EX2
-    (53-59 before) means the gaps went idle again."""
+    straight run of code, which holds O's update and P's packing (docs/decisions/0015-exponent-phase-straight-run.md).
+    A long run of back-to-back MUFU.EX2 (53-59 without them) means the gaps went idle again."""
     for kernel in sass("sm90", source, "90a").split("Function :")[1:]:
         opcodes = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?(\S+)", kernel)
         longest = max(len(run) for run in "".join("x" if op == "MUFU.EX2" else " " for op in opcodes).split(" "))
@@ -140,7 +141,7 @@ def test_sm90_exponents_share_their_issue_slots(sass, source):
 
 
 def test_sm90_d64_dual_loop_takes_maxima_in_the_exponent_run(sass):
-    """The d64 dual loop (csrc/sm90/attention_sm90.cuh, kDual): two P·V accumulator sets, and a speculative tile's row
+    """The d64 dual loop (csrc/sm90/mainloop.cuh, kDual): two P·V accumulator sets, and a speculative tile's row
     maxima (VIMNMX3 on the INT32 scores) in the same straight run as its exponents, off the chain from S to P."""
     kernels = {k.split()[0]: k for k in sass("sm90", "attention_d64.cu", "90a").split("Function :")[1:]}
     dual = [name for name in kernels if "Lb0ELb1E" in name]  # <64, T, kLse = false, kDual = true>
@@ -158,9 +159,9 @@ def test_sm90_d64_dual_loop_takes_maxima_in_the_exponent_run(sass):
 def test_sm90_tile_loop_reaches_its_mma_quickly(sass, source):
     """Every instruction between the tile loop's top and its first Q·K^T lies on the chain from one tile's exponent run
     to the next tile's scores: the ring position steps by one and descriptors are offsets of precomputed ones (not
-    a division by the stage count and 64-bit descriptor arithmetic per tile: 55-86 instructions before session 28,
-    which measured 2.5-4.5 % faster at d128 with 47-48; since session 38, 42-47). ptxas hoists a few uniform descriptor
-    moves into it in the d128 LSE kernel (kLse, the third template argument): 54 since session 36, 56 since 38."""
+    a division by the stage count and 64-bit descriptor arithmetic per tile, 55-86 instructions: 42-48 measured
+    2.5-4.5 % faster at d128, docs/decisions/0016-sm90-short-loop-top.md). ptxas hoists a few uniform descriptor moves
+    into it in the d128 LSE kernel (kLse, the third template argument): up to 56 there."""
     for name, code in sass_loops.kernels(sass("sm90", source, "90a")).items():
         # the innermost loop holding the MMAs: the tile loop
         top, end = min(sass_loops.loops(code), key=lambda loop: loop[1] - loop[0])

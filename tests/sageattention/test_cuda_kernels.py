@@ -277,7 +277,7 @@ def test_huge_scores_keep_p_in_range(family, fp8, magnitude):
 
 @pytest.mark.parametrize("case", ["random", "causal", "rising", "jump", "huge"])
 def test_sm90_d64_dual_loop(case):
-    """From 4096 keys at head_dim 64 (kDualMinKeys, csrc/sm90/attention_sm90.cuh) the sm90 kernel runs its dual loop:
+    """From 4096 keys at head_dim 64 (kDualMinKeys, csrc/sm90/launch.cuh) the sm90 kernel runs its dual loop:
     exponents taken speculatively with the running max, and again where a row's max rose past kSpecRoom. 33 tiles
     (an odd count, the last one masked). rising: each tile's max past the last one's by several log2 units (taken again
     at every tile); jump: the second half of the keys 100x larger; huge: |q|, |k| ~ 2e3 in bf16 (maxima ~1e7 in log2
@@ -465,7 +465,7 @@ def assert_fp8_v_matches_reference(v, v_out, v_scale, v_mean=None):
 
 
 def _fp8_key_slot(key: int) -> int:
-    """csrc/common/prepare.cuh fp8_key_slot: where key (0..31) of a 32-key group sits in V^T."""
+    """csrc/common/prepare/v_rewrite.cuh fp8_key_slot: where key (0..31) of a 32-key group sits in V^T."""
     r = key % 16
     return key // 16 * 16 + (r % 8) // 2 * 4 + r // 8 * 2 + r % 2
 

@@ -1,7 +1,8 @@
-// A kernel family's entry points: pick the head_dim instantiation (compiled in csrc/<family>/attention_d*.cu),
-// and say whether the device can run this module's kernels. csrc/<family>/family.cu binds them to params.h.
+// The entry points of an mma.sync family (sm80, sm89): pick the head_dim instantiation (compiled in
+// csrc/<family>/attention_d*.cu), and say whether the device can run this module's kernels. csrc/<family>/family.cu
+// binds them to params.h.
 #pragma once
-#include "common/attention.cuh"
+#include "mma_sync/attention.cuh"
 
 namespace sage {
 
