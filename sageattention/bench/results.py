@@ -29,8 +29,10 @@ def gpu_dir(device: str) -> str:
 
 
 def commit() -> str:
-    """HEAD of the checkout this package runs from (with "-dirty" when tracked files outside bench/results differ),
-    else $SAGE_BENCH_COMMIT, else "unknown"."""
+    """$SAGE_BENCH_COMMIT where set (a copy of the tree whose .git is not the code's), else HEAD of the checkout this
+    package runs from (with "-dirty" when tracked files outside bench/results differ), else "unknown"."""
+    if os.environ.get(COMMIT_ENV):
+        return os.environ[COMMIT_ENV]
     def git(*args):
         return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=30)
 
@@ -41,7 +43,7 @@ def commit() -> str:
             return head.stdout.strip() + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):  # no git
         pass
-    return os.environ.get(COMMIT_ENV) or "unknown"
+    return "unknown"
 
 
 def driver_version() -> str | None:
