@@ -12,6 +12,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 CSRC = "csrc"
+# torch_binding.h, the binding's two torch APIs (stable ABI or ATen), in the folder of sageattn3's that both builds see.
+BINDING_INCLUDE = "sageattention3_blackwell/csrc"
 
 # What both packages' builds share (its docstring says why it lives in sageattn3's folder).
 sys.path.insert(0, str(ROOT / "sageattention3_blackwell"))
@@ -24,6 +26,11 @@ from build_support import (BuildConfigError, Extension, Target, build_mode, pars
 
 # By path: importing the package would import torch, which an isolated build lacks.
 archs = support.load_by_path(ROOT / "sageattention" / "archs.py", "_sageattention_archs")
+
+# The version-specific build's torch floor (the stable-ABI build's is build_support.STABLE_ABI_TORCH), and the run
+# requirements besides torch (pyproject.toml leaves them to setup.py: the torch floor depends on the build).
+TORCH_FLOOR = "2.6"
+REQUIREMENTS = ["triton>=3.2; sys_platform == 'linux'", "triton-windows>=3.2; sys_platform == 'win32'"]
 
 # No --use_fast_math: the quantizers need IEEE division. The -U flags undo the half/bfloat16 restrictions torch
 # adds to every .cu file, so that the kernels compile here exactly as plain nvcc compiles them (csrc is torch-free).
@@ -119,5 +126,6 @@ def plan(arch_list: str | None, nvcc_version_output: str, nvcc_arch_output: str,
         f16_accum = archs.FAMILIES[family].get("f16_accum") and nvcc >= archs.version_tuple(
             archs.FP8_F16_ACCUM_MIN_CUDA)
         extensions.append(Extension(f"sageattention._C_{family}", family_sources(family, root), flags,
-                                    [FP8_F16_ACCUM_MACRO] if f16_accum else [], [str(root / CSRC)]))
+                                    [FP8_F16_ACCUM_MACRO] if f16_accum else [],
+                                    [str(root / CSRC), str(root / BINDING_INCLUDE)]))
     return only_families(extensions, families, arch_list)

@@ -61,13 +61,32 @@ def default_pv_fp8(cap) -> bool:
     return cap is None or cap >= FP8_MIN
 
 
+class CompiledModule:
+    """What sageattention._C_<family> serves: the CUDA kernels of its operators, torch.ops.sageattention_<family>
+    (registered when the module loads; their schemas and fakes are ops.py's), and its torch-free functions."""
+
+    def __init__(self, family: str, module):
+        from . import ops  # noqa: F401  (the schemas; ops imports this module)
+
+        operators = getattr(torch.ops, f"sageattention_{family}")
+        self.attention = operators.attention.default  # (q, k, v, *CompiledCall.kernel_args()) -> (out, lse)
+        self._quantize = operators.quantize.default
+        self.runs_on_current_device = module.runs_on_current_device
+        self.FP8_F16_ACCUM = module.fp8_f16_accum()  # built with the f16-accumulating FP8 MMA
+
+    def quantize(self, *args) -> list:
+        """The preparation's intermediates, for tests; None for those its V mode leaves out (empty tensors)."""
+        return [part if part.numel() else None for part in self._quantize(*args)]
+
+
 @functools.cache
-def compiled_module(family: str):
+def compiled_module(family: str) -> CompiledModule | None:
     """sageattention._C_<family> (built from csrc/ by setup.py), or None when this build lacks it."""
     try:
-        return importlib.import_module(f"{__package__}._C_{family}")
+        module = importlib.import_module(f"{__package__}._C_{family}")
     except ImportError:
         return None
+    return CompiledModule(family, module)
 
 
 @functools.cache

@@ -6,7 +6,7 @@ from typing import Optional
 
 import torch
 
-from . import backward, forward, inputs
+from . import archs, backward, forward, inputs
 from .compiled_call import CompiledCall
 from .inputs import to_hnd
 from .plan import Plan
@@ -35,8 +35,8 @@ class TritonCall(typing.NamedTuple):
         return Plan(*self[5:11])
 
 
-def _schema(fields: type) -> str:
-    """The op schema of (q, k, v, *fields) -> (out, lse), from the NamedTuple's field types."""
+def _schema(fields: type, skip: int = 0) -> str:
+    """The op schema of (q, k, v, *fields[skip:]) -> (out, lse), from the NamedTuple's field types."""
     types = {bool: "bool", int: "int", float: "float", str: "str", torch.Tensor: "Tensor"}
     hints = typing.get_type_hints(fields)
 
@@ -45,7 +45,7 @@ def _schema(fields: type) -> str:
             return schema_type(next(t for t in typing.get_args(kind) if t is not type(None))) + "?"
         return next(t for base, t in types.items() if issubclass(kind, base))
 
-    args = ", ".join(f"{schema_type(kind)} {name}" for name, kind in hints.items())
+    args = ", ".join(f"{schema_type(kind)} {name}" for name, kind in list(hints.items())[skip:])
     return f"(Tensor q, Tensor k, Tensor v, {args}) -> (Tensor, Tensor)"
 
 
@@ -110,6 +110,23 @@ def _compiled_attention_fake(q, k, v, *call):
         return out, q.new_empty((0,), dtype=torch.float32)
     b, h, n, _ = to_hnd(q, "NHD" if call.nhd else "HND").shape
     return out, q.new_empty((b, h, n), dtype=torch.float32)
+
+
+# The compiled modules' operators, torch.ops.sageattention_<family>.attention and .quantize (the module's intermediates,
+# for tests): declared once, here; each module registers their CUDA kernels (csrc/common/binding.h), in the stable-ABI
+# build and in the version-specific one alike. attention takes CompiledCall's fields after `family`.
+QUANTIZE_SCHEMA = ("(Tensor q, Tensor k, Tensor v, bool nhd, int q_gran, int k_gran, int v_mode, bool smooth_k, "
+                   "bool smooth_v, float v_fp8_max) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
+
+
+def _family_attention_fake(q, k, v, *kernel_args):
+    return _compiled_attention_fake(q, k, v, "", *kernel_args)
+
+
+for _family in archs.FAMILIES:
+    torch.library.define(f"sageattention_{_family}::attention", _schema(CompiledCall, skip=1))
+    torch.library.define(f"sageattention_{_family}::quantize", QUANTIZE_SCHEMA)
+    torch.library.register_fake(f"sageattention_{_family}::attention", _family_attention_fake)
 
 
 def _save_inputs(ctx, inputs, output):

@@ -16,6 +16,13 @@ archs = support.load_by_path(ROOT / "sageattn3" / "archs.py", "_sageattn3_archs"
 SOURCES = ["csrc/bindings.cpp", "csrc/quantize.cu", "csrc/attention_sm120.cu", "csrc/attention_sm100.cu"]
 CUDA_TOO_OLD = f"Sage3 is only supported on CUDA {archs.MIN_CUDA} and above"
 
+# The version-specific build's torch floor (the stable-ABI build's is build_support.STABLE_ABI_TORCH), and the run
+# requirements besides torch (pyproject.toml leaves them to setup.py: the torch floor depends on the build).
+TORCH_FLOOR = "2.7"
+# Any Triton torch 2.7+ pins: dispatch.triton_mode says what each compiles per GPU (the compiled kernels come
+# first on Blackwell); the exported wheels pin triton-windows to the torch's pair (variants/pypi.yaml).
+REQUIREMENTS = ["triton>=3.2; sys_platform == 'linux'", "triton-windows>=3.2; sys_platform == 'win32'"]
+
 
 def check_cuda_version(version: tuple[int, int]) -> None:
     if tuple(version) < tuple(int(n) for n in archs.MIN_CUDA.split(".")):

@@ -1,5 +1,5 @@
 """What both packages' CUDA build rules share: SAGE_BUILD_CUDA's modes, the TORCH_CUDA_ARCH_LIST parser, nvcc's
-answers and loading an arch table by path. Torch-free, so CPU tests import it; each package's build_rules.py applies
+answers, loading an arch table by path, and the choice between the stable-ABI and the version-specific build. Torch-free, so CPU tests import it; each package's build_rules.py applies
 it to its own arch table (sageattention/archs.py, sageattn3/archs.py) and plans the extensions, which its setup.py
 hands to cuda_setup.py (the part that needs torch).
 
@@ -15,6 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 _ENTRY = re.compile(r"^(?P<arch>\d+\.\d+)(?P<suffix>[af]?)(?P<ptx>\+PTX)?$")
+
+# The stable-ABI build (csrc/torch_binding.h): libtorch's stable C ABI and CPython's limited API, so one binary
+# serves every torch from STABLE_ABI_TORCH on and every CPython from LIMITED_API on (torch's BuildExtension
+# defines Py_LIMITED_API as 3.10 from torch 2.9 on). Older torch gets the version-specific build.
+STABLE_ABI_TORCH = (2, 10)
+LIMITED_API = "cp310"
+STABLE_ABI_ENV = "SAGE_STABLE_ABI"
 
 
 class BuildConfigError(ValueError):
@@ -118,3 +125,40 @@ def default_arch_list(supported, nvcc_archs: set[str]) -> str:
     """Every supported arch that this nvcc can compile for (TORCH_CUDA_ARCH_LIST unset)."""
     return ";".join(a for a in supported if a in nvcc_archs)
 
+
+
+def _torch_minor(version: str) -> tuple[int, int]:
+    m = re.match(r"(\d+)\.(\d+)", version)
+    if not m:
+        raise BuildConfigError(f"cannot read a torch version from {version!r}")
+    return int(m[1]), int(m[2])
+
+
+def _dotted(version: tuple[int, int]) -> str:
+    return ".".join(map(str, version))
+
+
+def use_stable_abi(torch_version: str, setting: str | None) -> bool:
+    """Whether to build against the stable ABI: SAGE_STABLE_ABI=1 or 0 says so; unset, from torch 2.10 on."""
+    setting = (setting or "").strip()
+    if setting not in ("", "0", "1"):
+        raise BuildConfigError(f"{STABLE_ABI_ENV}={setting!r}: use 1 (stable-ABI build) or 0 (version-specific "
+                               "build)")
+    new_enough = _torch_minor(torch_version) >= STABLE_ABI_TORCH
+    if setting == "1" and not new_enough:
+        raise BuildConfigError(f"{STABLE_ABI_ENV}=1 needs torch >= {_dotted(STABLE_ABI_TORCH)} to build against; "
+                               f"found torch {torch_version}")
+    return new_enough if setting == "" else setting == "1"
+
+
+def stable_abi_macros() -> list[tuple[str, str]]:
+    """The binding's stable-ABI switch, and the oldest torch it must load under (TORCH_TARGET_VERSION keeps newer
+    stable APIs out of reach: torch/csrc/stable/version.h)."""
+    major, minor = STABLE_ABI_TORCH
+    return [("SAGE_STABLE_ABI", "1"), ("TORCH_TARGET_VERSION", f"0x{major:02x}{minor:02x}{0:012x}")]
+
+
+def requirements(stable_abi: bool, torch_floor: str, others: list[str]) -> list[str]:
+    """Requires-Dist: the stable-ABI build loads under every torch from STABLE_ABI_TORCH on, the others (and the
+    pure-Python package) under the package's own floor."""
+    return [f"torch>={_dotted(STABLE_ABI_TORCH) if stable_abi else torch_floor}", *others]

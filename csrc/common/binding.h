@@ -1,72 +1,73 @@
 // The torch binding shared by every kernel family's module (included once, by csrc/<family>/bindings.cpp, which
-// defines SAGE_PV_FP8 and registers these functions). The only code here that knows torch: it checks arguments,
-// allocates, picks the current stream and device, and fills the torch-free params of csrc/common/params.h.
+// registers these functions). The only code here that knows torch: it checks arguments, allocates, picks the current
+// stream and device, and fills the torch-free params of csrc/common/params.h. Written against torch_binding.h
+// (sageattention3_blackwell/csrc/, shared with sageattn3), so that it builds against libtorch's stable ABI
+// (SAGE_STABLE_ABI=1, torch >= 2.10) or against ATen alike; the schemas and fakes are sageattention/ops.py's.
 #pragma once
-#include <string>
-#include <vector>
+#include "torch_binding.h"
 
-#include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-#include <torch/extension.h>
+#include <algorithm>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
 
 #include "common/params.h"
 
 namespace sage::binding {
 
-// Numbers reach messages as strings: streaming them into TORCH_CHECK's std::ostream instantiated libstdc++ code
-// that crashed when built with a newer g++ than the one Python loaded (see sageattention3_blackwell bindings).
-inline std::string str(int64_t n) { return std::to_string(n); }
+using namespace sage_binding;
 
 inline int64_t padded_head_dim(int64_t d) { return d <= 64 ? 64 : 128; }
 inline int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
 // q, k, v in the caller's layout -> [B, H, N, D] views, after the checks the kernels rely on.
 struct Views {
-  torch::Tensor q, k, v;
+  Tensor q, k, v;
   int64_t batch, hq, hk, nq, nk, d;
 };
 
-inline Views check_inputs(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, bool nhd) {
+inline Views check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, bool nhd) {
   Views x;
   const char* names[3] = {"q", "k", "v"};
-  const torch::Tensor* ts[3] = {&q, &k, &v};
+  const Tensor* ts[3] = {&q, &k, &v};
   for (int i = 0; i < 3; ++i) {
-    const torch::Tensor& t = *ts[i];
-    TORCH_CHECK(t.is_cuda(), names[i], " must be a CUDA tensor");
-    TORCH_CHECK(t.dim() == 4, names[i], " must be 4-D, got ", str(t.dim()), " dimensions");
-    TORCH_CHECK(t.scalar_type() == q.scalar_type(), "q, k, v must share one dtype");
-    TORCH_CHECK(t.device() == q.device(), "q, k, v must be on one device");
-    TORCH_CHECK(t.stride(3) == 1, names[i], " must be contiguous in head_dim");
+    const Tensor& t = *ts[i];
+    const std::string name = names[i];
+    require(t.is_cuda(), name + " must be a CUDA tensor");
+    require(t.dim() == 4, name + " must be 4-D, got " + str(t.dim()) + " dimensions");
+    require(t.scalar_type() == q.scalar_type(), "q, k, v must share one dtype");
+    require(t.get_device() == q.get_device(), "q, k, v must be on one device");
+    require(t.stride(3) == 1, name + " must be contiguous in head_dim");
   }
-  TORCH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16,
-              "sageattention's compiled kernels take float16 or bfloat16");
-  x.q = nhd ? q.transpose(1, 2) : q;
-  x.k = nhd ? k.transpose(1, 2) : k;
-  x.v = nhd ? v.transpose(1, 2) : v;
+  require(q.scalar_type() == ScalarType::Half || q.scalar_type() == ScalarType::BFloat16,
+          "sageattention's compiled kernels take float16 or bfloat16");
+  x.q = nhd ? transpose(q, 1, 2) : q;
+  x.k = nhd ? transpose(k, 1, 2) : k;
+  x.v = nhd ? transpose(v, 1, 2) : v;
   x.batch = x.q.size(0), x.hq = x.q.size(1), x.nq = x.q.size(2), x.d = x.q.size(3);
   x.hk = x.k.size(1), x.nk = x.k.size(2);
-  TORCH_CHECK(x.k.sizes() == x.v.sizes(), "k and v must have the same shape");
-  TORCH_CHECK(x.k.size(0) == x.batch && x.k.size(3) == x.d, "q and k differ in batch or head_dim");
-  TORCH_CHECK(x.hk > 0 && x.hq % x.hk == 0, "k/v heads (", str(x.hk), ") must divide q heads (", str(x.hq), ")");
-  TORCH_CHECK(x.d >= 1 && x.d <= 128, "head_dim ", str(x.d), " is not supported; the compiled kernels take 1..128");
-  TORCH_CHECK(x.nq >= 1 && x.nk >= 1 && x.batch >= 1, "every dimension must be >= 1");
+  require(x.k.sizes().equals(x.v.sizes()), "k and v must have the same shape");
+  require(x.k.size(0) == x.batch && x.k.size(3) == x.d, "q and k differ in batch or head_dim");
+  require(x.hk > 0 && x.hq % x.hk == 0, "k/v heads (" + str(x.hk) + ") must divide q heads (" + str(x.hq) + ")");
+  require(x.d >= 1 && x.d <= 128, "head_dim " + str(x.d) + " is not supported; the compiled kernels take 1..128");
+  require(x.nq >= 1 && x.nk >= 1 && x.batch >= 1, "every dimension must be >= 1");
   return x;
 }
 
-inline sage::Strided strided(const torch::Tensor& t) {
+inline sage::Strided strided(const Tensor& t) {
   return {t.data_ptr(), t.stride(0), t.stride(1), t.stride(2)};
 }
 
 // Whether every row of a 16-bit [B, H, N, D] view starts 16 bytes aligned (a size-1 dimension's stride is never
 // used); positive: its strides are also nonzero, as the copy engine needs.
-inline bool rows_aligned(const torch::Tensor& t, bool positive = false) {
+inline bool rows_aligned(const Tensor& t, bool positive = false) {
   bool ok = reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
   for (int i = 0; i < 3; ++i) ok = ok && (t.size(i) == 1 || (t.stride(i) % 8 == 0 && (!positive || t.stride(i) > 0)));
   return ok;
 }
 
-inline bool readable_in_place(const torch::Tensor& t, int64_t d, int64_t d_pad) {
+inline bool readable_in_place(const Tensor& t, int64_t d, int64_t d_pad) {
   return d == d_pad && rows_aligned(t);
 }
 
@@ -75,13 +76,13 @@ struct Workspace {
   sage::PrepareParams p{};
   std::vector<std::pair<int64_t, int64_t>> parts;  // (offset, bytes) of q_i8, q_scale, k_i8, k_scale, k_mean,
                                                   // v_out, v_scale, v_mean, partials, counters
-  torch::Tensor buffer;
+  Tensor buffer;
 };
 
 // quantize_q false: Q is left to the attention kernel (q_i8 and q_scale get no space and stay nullptr).
 inline Workspace prepare(const Views& x, bool quantize_q, int q_gran, int k_gran, int v_mode, bool smooth_k,
                          bool smooth_v, float v_fp8_max, cudaStream_t stream) {
-  TORCH_CHECK(q_gran >= 0 && q_gran <= 2 && k_gran >= 0 && k_gran <= 2, "granularity must be 0, 1 or 2");
+  require(q_gran >= 0 && q_gran <= 2 && k_gran >= 0 && k_gran <= 2, "granularity must be 0, 1 or 2");
   Workspace w;
   sage::PrepareParams& p = w.p;
   p.q = strided(x.q), p.k = strided(x.k), p.v = strided(x.v);
@@ -106,8 +107,8 @@ inline Workspace prepare(const Views& x, bool quantize_q, int q_gran, int k_gran
     w.parts.emplace_back(total, s);
     total += round_up(s, 256);
   }
-  w.buffer = torch::empty({total}, x.q.options().dtype(at::kByte));
-  uint8_t* base = w.buffer.data_ptr<uint8_t>();
+  w.buffer = empty({total}, ScalarType::Byte, x.q);
+  uint8_t* base = static_cast<uint8_t*>(w.buffer.data_ptr());
   auto at = [&](int i) { return base + w.parts[i].first; };
   p.q_i8 = q_rows ? reinterpret_cast<int8_t*>(at(0)) : nullptr;
   p.q_scale = q_rows ? reinterpret_cast<float*>(at(1)) : nullptr;
@@ -119,9 +120,9 @@ inline Workspace prepare(const Views& x, bool quantize_q, int q_gran, int k_gran
   p.counters = reinterpret_cast<int*>(at(9));
   p.kv_ready = p.counters + n_counters;
   // kept only where the preparation counts its heads in it (the attention kernel then waits on it)
-  if (!sage::prepare_qkv(p, x.q.scalar_type() == at::kBFloat16 ? sage::kBF16 : sage::kF16, stream))
+  if (!sage::prepare_qkv(p, x.q.scalar_type() == ScalarType::BFloat16 ? sage::kBF16 : sage::kF16, stream))
     p.kv_ready = nullptr;
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  cuda_check(cudaGetLastError());
   return w;
 }
 
@@ -130,23 +131,23 @@ inline Workspace prepare(const Views& x, bool quantize_q, int q_gran, int k_gran
 inline void check_device() {
   static bool runs[64] = {};  // devices known to run this module's kernels
   int device = 0, major = 0, minor = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
+  cuda_check(cudaGetDevice(&device));
   if (device < 64 && runs[device]) return;
   if (sage::module_runs_on_current_device()) {
     if (device < 64) runs[device] = true;
     return;
   }
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  TORCH_CHECK(false, "this sageattention module has no kernels for this GPU (sm_", str(major), str(minor),
-              "); rebuild with its arch in TORCH_CUDA_ARCH_LIST");
+  cuda_check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  cuda_check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  fail("this sageattention module has no kernels for this GPU (sm_" + str(major) + str(minor) +
+       "); rebuild with its arch in TORCH_CUDA_ARCH_LIST");
 }
 
 // Q as the sm90 kernel's copy engine reads it: t where its rows are aligned, else a contiguous copy with head_dim
 // padded to a multiple of 8 by zeros.
-inline torch::Tensor copy_engine_readable(const torch::Tensor& t) {
+inline Tensor copy_engine_readable(const Tensor& t) {
   if (rows_aligned(t, true)) return t;
-  return at::constant_pad_nd(t, {0, round_up(t.size(3), 8) - t.size(3)}).contiguous();
+  return contiguous(pad(t, {0, round_up(t.size(3), 8) - t.size(3)}));
 }
 
 // The fused op: quantize, attend, return (out in the caller's layout, lse [B, Hq, Nq] fp32 or an empty tensor).
@@ -155,14 +156,14 @@ inline torch::Tensor copy_engine_readable(const torch::Tensor& t) {
 // The parameters after q, k, v are sageattention/compiled_call.py's CompiledCall after `family`, in order (a test
 // checks the names).
 template <bool kPvFp8, bool kKernelQuantizesQ>
-std::vector<torch::Tensor> attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, bool nhd,
-                                     bool is_causal, int64_t causal_offset, double sm_scale, int64_t qk_gran,
-                                     int64_t pv_accum, bool smooth_k, bool smooth_v, bool return_lse) {
+std::tuple<Tensor, Tensor> attention(const Tensor& q, const Tensor& k, const Tensor& v, bool nhd, bool is_causal,
+                                     int64_t causal_offset, double sm_scale, int64_t qk_gran, int64_t pv_accum,
+                                     bool smooth_k, bool smooth_v, bool return_lse) {
   const Views x = check_inputs(q, k, v, nhd);
-  TORCH_CHECK(pv_accum >= sage::kAccF32 && pv_accum <= sage::kAccF16Inner, "pv_accum must be 0, 1 or 2");
-  const c10::cuda::CUDAGuard guard(q.device());
+  require(pv_accum >= sage::kAccF32 && pv_accum <= sage::kAccF16Inner, "pv_accum must be 0, 1 or 2");
+  const DeviceGuard guard(q.get_device());
   check_device();
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const cudaStream_t stream = current_stream(q.get_device());
   const int64_t d_pad = padded_head_dim(x.d);
   int accum = static_cast<int>(pv_accum);
 #if !defined(SAGE_FP8_F16_ACCUM)
@@ -174,14 +175,13 @@ std::vector<torch::Tensor> attention(const torch::Tensor& q, const torch::Tensor
   const float v_max = kPvFp8 && accum == sage::kAccF16Inner ? 2.25f : 448.f;
   // (copied before the preparation: the sm90 kernel may start before the launch ahead of it ends, and reads q16
   // without waiting for it)
-  const torch::Tensor q16 = kKernelQuantizesQ ? copy_engine_readable(x.q) : torch::Tensor();
+  const Tensor q16 = kKernelQuantizesQ ? copy_engine_readable(x.q) : Tensor();
   const Workspace w = prepare(x, !kKernelQuantizesQ, static_cast<int>(qk_gran), static_cast<int>(qk_gran), v_mode,
                               smooth_k, smooth_v, v_max, stream);
   const sage::PrepareParams& p = w.p;
-  torch::Tensor out = torch::empty(q.sizes(), q.options());
-  const torch::Tensor out_hnd = nhd ? out.transpose(1, 2) : out;
-  const auto f32 = q.options().dtype(at::kFloat);
-  torch::Tensor lse = return_lse ? torch::empty({x.batch, x.hq, x.nq}, f32) : torch::empty({0}, f32);
+  const Tensor out = empty(q.sizes(), q.scalar_type(), q);
+  const Tensor out_hnd = nhd ? transpose(out, 1, 2) : out;
+  Tensor lse = return_lse ? empty({x.batch, x.hq, x.nq}, ScalarType::Float, q) : empty({0}, ScalarType::Float, q);
   sage::AttentionParams a{};
   a.q_i8 = p.q_i8, a.q_scale = p.q_scale, a.k_i8 = p.k_i8, a.k_scale = p.k_scale;
   a.kv_ready = p.kv_ready;
@@ -191,61 +191,81 @@ std::vector<torch::Tensor> attention(const torch::Tensor& q, const torch::Tensor
   else a.v = {p.v_out, x.hk * p.nk_pad * d_pad, p.nk_pad * d_pad, d_pad};  // (fp8 V^T: only .ptr is read)
   a.v_scale = p.v_scale, a.v_max = v_max, a.v_mean = p.v_mean;
   a.out = out_hnd.data_ptr(), a.o_sb = out_hnd.stride(0), a.o_sh = out_hnd.stride(1), a.o_sn = out_hnd.stride(2);
-  a.lse = return_lse ? lse.data_ptr<float>() : nullptr;
+  a.lse = return_lse ? static_cast<float*>(lse.data_ptr()) : nullptr;
   a.batch = p.batch, a.hq = p.hq, a.hk = p.hk, a.nq = p.nq, a.nk = p.nk, a.d = p.d;
   a.nq_pad = p.nq_pad, a.nk_pad = p.nk_pad;
   a.scale_log2 = static_cast<float>(sm_scale) * 1.4426950408889634f;
   a.causal = is_causal, a.causal_offset = static_cast<int>(causal_offset), a.pv_accum = accum;
-  const sage::DType dtype = q.scalar_type() == at::kBFloat16 ? sage::kBF16 : sage::kF16;
+  const sage::DType dtype = q.scalar_type() == ScalarType::BFloat16 ? sage::kBF16 : sage::kF16;
   if constexpr (kPvFp8) sage::attention_pv8(a, dtype, static_cast<int>(d_pad), stream);
   else sage::attention_pv16(a, dtype, static_cast<int>(d_pad), stream);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  cuda_check(cudaGetLastError());
   if (return_lse && smooth_k) {  // add back what K smoothing subtracted from every score of a row: sm_scale q·mean(k)
-    const auto k_mean = w.buffer.narrow(0, w.parts[4].first, w.parts[4].second).view(at::kFloat)
-                            .view({x.batch, x.hk, 1, d_pad}).narrow(3, 0, x.d)
-                            .repeat_interleave(x.hq / x.hk, 1);  // [B, Hq, 1, d]
-    lse.add_(at::matmul(x.q.to(at::kFloat), k_mean.transpose(2, 3)).squeeze(-1), sm_scale);
+    const Tensor k_mean = narrow(view(view(narrow(w.buffer, 0, w.parts[4].first, w.parts[4].second),
+                                           ScalarType::Float), {x.batch, x.hk, d_pad, 1}), 2, 0, x.d);  // [B, Hk, d, 1]
+    // q's heads in groups of Hq / Hk, each group against its k/v head's mean: [B, Hk, (Hq / Hk) Nq, d]
+    const Tensor q_groups = reshape(to(x.q, ScalarType::Float), {x.batch, x.hk, x.hq / x.hk * x.nq, x.d});
+    const Tensor scores = reshape(squeeze(matmul(q_groups, k_mean), 3), {x.batch, x.hq, x.nq});
+    lse = subtract(lse, scores, -sm_scale);
   }
   return {out, lse};
 }
 
 // The intermediates of prepare(), for tests: q_i8, q_scale, k_i8, k_scale, k_mean, v_out, v_scale, v_mean.
-inline std::vector<torch::Tensor> quantize(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                                           bool nhd, int64_t q_gran, int64_t k_gran, int64_t v_mode, bool smooth_k,
-                                           bool smooth_v, double v_fp8_max) {
+// A part that the mode leaves out is an empty tensor (ops.py's quantize gives None for it).
+using Parts = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>;
+inline Parts quantize(const Tensor& q, const Tensor& k, const Tensor& v, bool nhd, int64_t q_gran, int64_t k_gran,
+                      int64_t v_mode, bool smooth_k, bool smooth_v, double v_fp8_max) {
   const Views x = check_inputs(q, k, v, nhd);
-  TORCH_CHECK(v_mode >= sage::kVNone && v_mode <= sage::kV16, "v_mode must be 0, 1 or 2");
-  const c10::cuda::CUDAGuard guard(q.device());
+  require(v_mode >= sage::kVNone && v_mode <= sage::kV16, "v_mode must be 0, 1 or 2");
+  const DeviceGuard guard(q.get_device());
   check_device();
   const Workspace w = prepare(x, true, static_cast<int>(q_gran), static_cast<int>(k_gran), static_cast<int>(v_mode),
-                              smooth_k, smooth_v, static_cast<float>(v_fp8_max), c10::cuda::getCurrentCUDAStream());
+                              smooth_k, smooth_v, static_cast<float>(v_fp8_max), current_stream(q.get_device()));
   const sage::PrepareParams& p = w.p;
   const int64_t dp = p.d_pad;
-  auto part = [&](int i, at::ScalarType dtype, at::IntArrayRef shape) {
-    return w.buffer.narrow(0, w.parts[i].first, w.parts[i].second).view(dtype).view(shape);
+  const Tensor none = empty({0}, ScalarType::Float, q);
+  auto part = [&](int i, ScalarType dtype, Sizes shape) {
+    return view(view(narrow(w.buffer, 0, w.parts[i].first, w.parts[i].second), dtype), shape);
   };
-  torch::Tensor v_out;
-  if (v_mode == sage::kVFp8) v_out = part(5, at::kFloat8_e4m3fn, {x.batch, x.hk, dp, p.nk_pad});
+  Tensor v_out = none;
+  if (v_mode == sage::kVFp8) v_out = part(5, ScalarType::Float8_e4m3fn, {x.batch, x.hk, dp, p.nk_pad});
   else if (v_mode == sage::kV16) v_out = part(5, q.scalar_type(), {x.batch, x.hk, p.nk_pad, dp});
-  return {part(0, at::kChar, {x.batch, x.hq, p.nq_pad, dp}), part(1, at::kFloat, {x.batch, x.hq, p.nq_pad}),
-          part(2, at::kChar, {x.batch, x.hk, p.nk_pad, dp}), part(3, at::kFloat, {x.batch, x.hk, p.nk_pad}),
-          part(4, at::kFloat, {x.batch, x.hk, dp}), v_out,
-          v_mode == sage::kVFp8 ? part(6, at::kFloat, {x.batch, x.hk, dp}) : torch::Tensor(),
-          smooth_v ? part(7, at::kFloat, {x.batch, x.hk, dp}) : torch::Tensor()};
+  return {part(0, ScalarType::Char, {x.batch, x.hq, p.nq_pad, dp}), part(1, ScalarType::Float, {x.batch, x.hq, p.nq_pad}),
+          part(2, ScalarType::Char, {x.batch, x.hk, p.nk_pad, dp}), part(3, ScalarType::Float, {x.batch, x.hk, p.nk_pad}),
+          part(4, ScalarType::Float, {x.batch, x.hk, dp}), v_out,
+          v_mode == sage::kVFp8 ? part(6, ScalarType::Float, {x.batch, x.hk, dp}) : none,
+          smooth_v ? part(7, ScalarType::Float, {x.batch, x.hk, dp}) : none};
 }
 
-template <bool kPvFp8, bool kKernelQuantizesQ = false>
-void define_module(pybind11::module_& m, const char* doc) {
-  m.doc() = doc;
-  m.def("attention", &attention<kPvFp8, kKernelQuantizesQ>, "quantize q, k, v and attend; returns [out, lse]");
-  m.def("quantize", &quantize, "the quantized intermediates, for tests");
-  m.def("runs_on_current_device", &sage::module_runs_on_current_device,
-        "whether this module holds device code the current CUDA device runs");
+// The module's torch-free functions (CPython's limited API): runs_on_current_device() and fp8_f16_accum(), whether
+// it was built with the f16-accumulating FP8 MMA.
+inline PyObject* runs_on_current_device(PyObject*, PyObject*) {
+  return PyBool_FromLong(sage::module_runs_on_current_device());
+}
+
+inline PyObject* fp8_f16_accum(PyObject*, PyObject*) {
 #if defined(SAGE_FP8_F16_ACCUM)
-  m.attr("FP8_F16_ACCUM") = true;
+  return PyBool_FromLong(1);
 #else
-  m.attr("FP8_F16_ACCUM") = false;
+  return PyBool_FromLong(0);
 #endif
 }
 
+inline PyMethodDef module_functions[] = {
+    {"runs_on_current_device", runs_on_current_device, METH_NOARGS,
+     "whether this module holds device code the current CUDA device runs"},
+    {"fp8_f16_accum", fp8_f16_accum, METH_NOARGS, "whether it was built with the f16-accumulating FP8 MMA"},
+    {nullptr, nullptr, 0, nullptr}};
+
 }  // namespace sage::binding
+
+// SAGE_FAMILY_MODULE(sm80, true/false, true/false) in csrc/<family>/bindings.cpp: the module sageattention._C_<family>
+// and the CUDA kernels of its operators, torch.ops.sageattention_<family>.attention and .quantize (their schemas:
+// sageattention/ops.py). kPvFp8 and kKernelQuantizesQ as attention() takes them.
+#define SAGE_FAMILY_MODULE(family, pv_fp8, kernel_quantizes_q)                                            \
+  SAGE_CUDA_KERNELS(sageattention_##family, m) {                                                           \
+    m.impl("attention", SAGE_KERNEL((sage::binding::attention<pv_fp8, kernel_quantizes_q>)));             \
+    m.impl("quantize", SAGE_KERNEL(sage::binding::quantize));                                              \
+  }                                                                                                        \
+  SAGE_PYTHON_MODULE_WITH(_C_##family, sage::binding::module_functions)

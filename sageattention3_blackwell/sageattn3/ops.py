@@ -1,25 +1,24 @@
-"""torch.library registration of the compiled kernels (sageattn3._C) with a fake implementation, so that
-torch.compile(fullgraph=True) traces through backend="cuda" without a graph break."""
-from typing import Optional
-
+"""The compiled kernels' operators, torch.ops.sageattn3.*: their schemas and fake implementations (so that
+torch.compile(fullgraph=True) traces backend="cuda" without a graph break). Importing sageattn3._C registers
+their CUDA kernels (csrc/bindings.cpp), in the stable-ABI build and in the version-specific one alike."""
 import torch
 
-
-def _attention(
-    q_codes: torch.Tensor, q_scales: torch.Tensor, k_codes: torch.Tensor, k_scales: torch.Tensor,
-    v_codes: torch.Tensor, v_scales: torch.Tensor, q_bias: Optional[torch.Tensor], n_k: int, scales: torch.Tensor,
-    causal: bool, causal_offset: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    from . import _C
-    out, lse = _C.attention(q_codes, q_scales, k_codes, k_scales, v_codes, v_scales, q_bias, n_k, scales, causal,
-                            causal_offset)
-    return out, lse
+# The one declaration of each schema: the C++ side registers kernels only.
+torch.library.define("sageattn3::quantize", "(Tensor x) -> (Tensor, Tensor)")
+torch.library.define(
+    "sageattn3::attention",
+    "(Tensor q_codes, Tensor q_scales, Tensor k_codes, Tensor k_scales, Tensor v_codes, Tensor v_scales, "
+    "Tensor? q_bias, int n_k, Tensor scales, bool causal, int causal_offset) -> (Tensor, Tensor)")
 
 
-attention = torch.library.custom_op("sageattn3::attention", _attention, mutates_args=())
+@torch.library.register_fake("sageattn3::quantize")
+def _quantize_fake(x):
+    # float32 [..., L] -> codes uint8 [..., L/2], scales float8_e4m3fn [..., L/16] (csrc/bindings.cpp).
+    return (x.new_empty((*x.shape[:-1], x.shape[-1] // 2), dtype=torch.uint8),
+            x.new_empty((*x.shape[:-1], x.shape[-1] // 16), dtype=torch.float8_e4m3fn))
 
 
-@attention.register_fake
+@torch.library.register_fake("sageattn3::attention")
 def _attention_fake(q_codes, q_scales, k_codes, k_scales, v_codes, v_scales, q_bias, n_k, scales, causal,
                     causal_offset):
     # The kernels write out [B, H, padded Nq, D] and lse [B, H, padded Nq] in float32 (csrc/bindings.cpp).
@@ -29,5 +28,5 @@ def _attention_fake(q_codes, q_scales, k_codes, k_scales, v_codes, v_scales, q_b
 
 
 def run_attention(*args):
-    """Eager calls skip the dispatcher (it costs tens of microseconds); compiled graphs see the op."""
-    return attention(*args) if torch.compiler.is_compiling() else _attention(*args)
+    """The attention kernels on prepare.py's operands (sageattn3._C loaded: dispatch checks it first)."""
+    return torch.ops.sageattn3.attention.default(*args)

@@ -75,3 +75,7 @@ def test_package_imports_without_gpu_or_extension():
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert run.stdout.split() == [re.search(r'__version__ = "(.+)"', (ROOT / "sageattn3/__init__.py").read_text())[1],
                                   "None"]
+
+
+def test_version_specific_build_requires_torch_2_7_and_triton():
+    assert build_rules.TORCH_FLOOR == "2.7" and "triton>=3.2; sys_platform == 'linux'" in build_rules.REQUIREMENTS

@@ -134,7 +134,7 @@ def test_self_check_fails_with_a_warning_naming_the_reason(self_check, kernel, r
 def test_the_extension_op_is_registered_with_a_fake_for_torch_compile():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from sageattn3 import ops
+    from sageattn3 import ops  # noqa: F401 - defines the operators and their fakes
     with FakeTensorMode():
         codes = torch.empty(2, 4, 256, 64, dtype=torch.uint8)
         scales = torch.empty(2, 4, 256, 8, dtype=torch.float8_e4m3fn)
@@ -142,5 +142,7 @@ def test_the_extension_op_is_registered_with_a_fake_for_torch_compile():
         v_scales = torch.empty(2, 4, 128, 16, dtype=torch.float8_e4m3fn)
         out, lse = torch.ops.sageattn3.attention(codes, scales, codes, scales, v_codes, v_scales, None, 200,
                                                  torch.empty(3), True, 0)
+        q_codes, q_scales = torch.ops.sageattn3.quantize(torch.empty(2, 3, 64))
     assert (out.shape, out.dtype, lse.shape, lse.dtype) == ((2, 4, 256, 128), torch.float32, (2, 4, 256), torch.float32)
-    assert ops.attention._qualname == "sageattn3::attention"
+    assert (q_codes.shape, q_codes.dtype, q_scales.shape, q_scales.dtype) == ((2, 3, 32), torch.uint8, (2, 3, 4),
+                                                                              torch.float8_e4m3fn)

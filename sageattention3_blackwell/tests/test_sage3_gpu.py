@@ -9,7 +9,7 @@ from sage3_cases import EXTREMES, case_args, case_inputs, check, compare
 from sage3_metrics import cosine, poisoned_empty, rel_l1, sdpa_float64
 from sageattn3 import sageattn3_blackwell, triton_attn
 from sageattn3.dispatch import EMULATION_ENV
-from sageattn3.prepare import quantize_inputs
+from sageattn3.prepare import kernel_scales, quantize_inputs
 from sageattn3.reference import attention_reference
 
 pytestmark = pytest.mark.gpu
@@ -100,27 +100,27 @@ def test_cuda_extension_loads_and_refuses_other_gpus(monkeypatch):
     """Runs wherever _C is built: the bindings validate their inputs, and on a non-Blackwell GPU the public API
     refuses backend='cuda' with a clear error before reaching the kernels."""
     try:
-        from sageattn3 import _C
+        from sageattn3 import _C, ops  # noqa: F401 - _C registers the CUDA kernels of ops' operators
     except ImportError:
         pytest.skip("sageattn3._C not built")
     x = torch.randn(4, 32, device="cuda", dtype=torch.float16)
     with pytest.raises(RuntimeError, match="has dtype .*expected"):
-        _C.quantize(x)
+        torch.ops.sageattn3.quantize(x)
     with pytest.raises(RuntimeError, match=r"multiple of 16, got shape \[4, 24\]"):
-        _C.quantize(torch.randn(4, 24, device="cuda"))
+        torch.ops.sageattn3.quantize(torch.randn(4, 24, device="cuda"))
     if _is_blackwell():
         pytest.skip("this GPU runs the kernels; test_cuda_extension_matches_reference covers it")
     monkeypatch.setenv(EMULATION_ENV, "1")
     with pytest.raises(RuntimeError, match="backend='cuda' needs sm_100/sm_120/sm_121"):
         sageattn3_blackwell(*_inputs(1, 2, 2, 128, 128, 128), backend="cuda")
     with pytest.raises(RuntimeError, match="no kernel image"):  # built for sm_100a/sm_120a only
-        _C.quantize(torch.randn(4, 32, device="cuda"))
+        torch.ops.sageattn3.quantize(torch.randn(4, 32, device="cuda"))
         torch.cuda.synchronize()
     # Called directly with well-formed operands, the bindings refuse this GPU before launching anything.
     qi = quantize_inputs(*_inputs(1, 2, 2, 128, 128, 128))
     with pytest.raises(RuntimeError, match="need sm_100 or sm_120/sm_121, got sm_"):
-        _C.attention(qi.q_codes, qi.q_scales, qi.k_codes, qi.k_scales, qi.v_codes, qi.v_scales, qi.q_bias,
-                     qi.n_k, 0.1, False)
+        ops.run_attention(qi.q_codes, qi.q_scales, qi.k_codes, qi.k_scales, qi.v_codes, qi.v_scales, qi.q_bias,
+                          qi.n_k, kernel_scales(qi, 0.1), False, 0)
 
 
 def _kernel(backend):

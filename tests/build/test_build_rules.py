@@ -196,3 +196,26 @@ def test_every_family_has_its_sources_and_one_binding_in_the_repository(family):
         if source != f"csrc/{family}/bindings.cpp":
             text = (build_rules.ROOT / source).read_text()
             assert "torch/" not in text and "binding.h" not in text, f"{source} includes torch"
+
+
+@pytest.mark.parametrize("torch_version, setting, stable", [
+    ("2.10.0", None, True), ("2.14.1+cu130", "", True), ("2.13.0+cpu", "0", False), ("2.9.1", None, False),
+    ("2.8.0", "0", False), ("2.11.0", "1", True),
+])
+def test_stable_abi_from_torch_2_10_unless_asked_otherwise(torch_version, setting, stable):
+    assert build_rules.support.use_stable_abi(torch_version, setting) is stable
+
+
+def test_stable_abi_refused_below_torch_2_10_and_bad_settings():
+    with pytest.raises(BuildConfigError, match="SAGE_STABLE_ABI=1 needs torch >= 2.10 to build against; found torch 2.9.1"):
+        build_rules.support.use_stable_abi("2.9.1", "1")
+    with pytest.raises(BuildConfigError, match="SAGE_STABLE_ABI='yes': use 1 .* or 0"):
+        build_rules.support.use_stable_abi("2.11.0", "yes")
+
+
+def test_stable_abi_targets_torch_2_10_and_requires_it():
+    # torch/csrc/stable/version.h: TORCH_VERSION_2_10_0 is ((2 << 56) | (10 << 48)).
+    assert int(dict(build_rules.support.stable_abi_macros())["TORCH_TARGET_VERSION"], 16) == (2 << 56) | (10 << 48)
+    others = build_rules.REQUIREMENTS
+    assert build_rules.support.requirements(True, build_rules.TORCH_FLOOR, others) == ["torch>=2.10", *others]
+    assert build_rules.support.requirements(False, build_rules.TORCH_FLOOR, others) == ["torch>=2.6", *others]

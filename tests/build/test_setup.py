@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.build.source_tree import SUPPORT, copy_sources
+
 ROOT = Path(__file__).resolve().parents[2]
-SUPPORT = ["sageattention3_blackwell/build_support.py", "sageattention3_blackwell/cuda_setup.py"]  # both packages'
 BACKEND = """
 import sys
 sys.modules["torch"] = None  # `import torch` raises ImportError, as in an isolated build
@@ -27,17 +28,7 @@ print("BUILT " + getattr(build_meta, "build_" + kind)(out))
 
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory):
-    """The files a source build sees: the root's files, the package and the kernel sources."""
-    where = tmp_path_factory.mktemp("source")
-    for item in ROOT.iterdir():
-        if item.is_file():
-            shutil.copy2(item, where / item.name)
-    for folder in ("sageattention", "csrc"):
-        shutil.copytree(ROOT / folder, where / folder, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
-    (where / "sageattention3_blackwell").mkdir()
-    for name in SUPPORT:
-        shutil.copy2(ROOT / name, where / name)
-    return where
+    return copy_sources(tmp_path_factory.mktemp("source"))
 
 
 def build(tree: Path, kind: str, out: Path, mode: str | None):
@@ -59,6 +50,10 @@ def test_unset_without_torch_builds_pure_python_and_says_why(tree, tmp_path):
     version = re.search(r'__version__ = "(.+)"', (ROOT / "sageattention/__init__.py").read_text())[1]
     assert {n.split("/")[0] for n in names} == {"sageattention", f"sageattention-{version}.dist-info"}
     assert "sageattention/archs.py" in names and not [n for n in names if n.endswith((".so", ".pyd"))]
+    # setup.py writes the run requirements: without the stable-ABI extensions, the version-specific torch floor
+    metadata = zipfile.ZipFile(tmp_path / proc.stdout.split("BUILT ")[-1].strip()).read(
+        f"sageattention-{version}.dist-info/METADATA").decode()
+    assert "Requires-Dist: torch>=2.6\n" in metadata and "Requires-Dist: triton>=3.2" in metadata
 
 
 def test_off_builds_pure_python_without_looking_for_torch(tree, tmp_path):

@@ -55,7 +55,7 @@ def module(torch_wheel, tmp_path_factory):
     _, include = torch_wheel
     out = tmp_path_factory.mktemp("aarch64")
     common = ["-ccbin", CROSS_CXX, "--target-directory", "x86_64-linux", "-std=c++17", "-Xcompiler", "-fPIC",
-              f"-I{build_rules.ROOT / build_rules.CSRC}", f"-I{include}", f"-I{include / 'torch/csrc/api/include'}",
+              *(f"-I{d}" for d in ext.include_dirs), f"-I{include}", f"-I{include / 'torch/csrc/api/include'}",
               f"-I{sysconfig.get_paths()['include']}", *(f"-D{name}={value}" for name, value in ext.macros),
               # what torch.utils.cpp_extension adds; PyPI's torch has the C++11 ABI since 2.7
               f"-DTORCH_EXTENSION_NAME={ext.name.rsplit('.', 1)[1]}", "-DTORCH_API_INCLUDE_EXTENSION_H",

@@ -4,11 +4,12 @@ kernel's persistent programs run several each), and packed varlen batches throug
 
     compute-sanitizer --tool memcheck python tests/sageattention/memcheck_cases.py
 """
-import importlib
 import importlib.util
 import itertools
 
 import torch
+
+from sageattention import dispatch
 
 CASES = [  # (b, hq, hk, nq, nk, d, causal, nhd)
     (1, 1, 1, 1, 1, 64, False, False), (1, 2, 1, 17, 77, 64, True, True), (2, 2, 2, 77, 17, 80, False, False),
@@ -35,9 +36,8 @@ def varlen_cases() -> None:
 
 def main() -> None:
     for family in ("sm80", "sm89", "sm90"):
-        try:
-            mod = importlib.import_module(f"sageattention._C_{family}")
-        except ImportError:  # sm90 is built only when the arch list names 9.0
+        mod = dispatch.compiled_module(family)
+        if mod is None:  # sm90 is built only when the arch list names 9.0
             continue
         if not mod.runs_on_current_device():
             continue

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sageattention import compiled_call, forward, ops
+from sageattention import archs, compiled_call, forward, ops
 from sageattention.compiled_call import CompiledCall, Granularity, PvAccum, VMode
 from sageattention.plan import Plan
 
@@ -40,7 +40,7 @@ def test_every_params_h_enum_that_crosses_is_named_in_python():
 
 def test_binding_takes_the_call_fields_in_order():
     text = (CSRC / "binding.h").read_text()
-    params = re.search(r"std::vector<torch::Tensor> attention\(([^)]*)\)", text)[1]
+    params = re.search(r"std::tuple<Tensor, Tensor> attention\(([^)]*)\)", text)[1]
     names = [p.split()[-1] for p in " ".join(params.split()).split(",")]
     assert names[:3] == ["q", "k", "v"] and names[3:] == list(CompiledCall._fields[1:])
 
@@ -50,6 +50,14 @@ def test_op_schema_is_made_from_the_fields():
     assert [a.name for a in schema.arguments] == ["q", "k", "v", *CompiledCall._fields]
     assert [str(a.type) for a in schema.arguments[3:]] == \
         ["str", "bool", "bool", "int", "float", "int", "int", "bool", "bool", "bool"]
+
+
+@pytest.mark.parametrize("family", list(archs.FAMILIES))
+def test_each_module_operator_takes_the_fields_after_family(family):
+    """torch.ops.sageattention_<family>.attention, whose CUDA kernel the module registers: declared once, in ops.py."""
+    schema = getattr(torch.ops, f"sageattention_{family}").attention.default._schema
+    assert [a.name for a in schema.arguments] == ["q", "k", "v", *CompiledCall._fields[1:]]
+    assert [str(r.type) for r in schema.returns] == ["Tensor", "Tensor"]
 
 
 def test_the_call_reaches_the_module_through_the_op_and_a_compiled_graph(monkeypatch):

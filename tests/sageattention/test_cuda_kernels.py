@@ -6,7 +6,6 @@ just before (the caching allocator hands the freed block back), so an element th
 """
 from __future__ import annotations
 
-import importlib
 import os
 import shutil
 import subprocess
@@ -19,7 +18,7 @@ import torch
 from tests.sageattention.helpers import (assert_close, assert_lse_close, compiled_v_max, lse_tol, make_qkv, metrics,
                                         rounding_ties, sdpa_fp32)
 import build_rules
-from sageattention import archs, reference
+from sageattention import archs, dispatch, reference
 from sageattention.compiled_call import CompiledCall, Granularity, PvAccum, VMode
 from sageattention.inputs import to_hnd
 from sageattention.quant_groups import GRANULARITIES, k_grouping, q_grouping
@@ -32,10 +31,9 @@ V_FP8, V_16 = VMode.V_FP8, VMode.V16
 
 def find_module(family: str):
     """(the family's module, "") where it is built with device code for this GPU, else (None, why not)."""
-    try:
-        mod = importlib.import_module(f"sageattention._C_{family}")
-    except ImportError as e:
-        return None, f"sageattention._C_{family} is not built: {e}"
+    mod = dispatch.compiled_module(family)
+    if mod is None:
+        return None, f"sageattention._C_{family} is not built"
     if not mod.runs_on_current_device():
         return None, f"sageattention._C_{family} has no kernels for this GPU"
     return mod, ""
