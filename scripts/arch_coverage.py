@@ -42,24 +42,34 @@ def runs_on(code: str, arch: str) -> bool:
 
 
 @cache
-def _sage3_rules():
+def _toolchain() -> _Facts:
+    return _Facts(VARIANTS_DIR)
+
+
+@cache
+def sage3_rules():
     # sageattn3's build_rules.py shares its module name with sageattention's; build_support is already imported.
     return build_rules.support.load_by_path(ROOT / "sageattention3_blackwell/build_rules.py", "_sageattn3_build_rules")
 
 
 def claimable(package: str) -> dict:
     """The package's arch table: compute capability -> the compiled kernel (family) that serves it."""
-    return build_rules.archs.ARCH_FAMILY if package == "sageattention" else _sage3_rules().archs.ARCH_KERNEL
+    return build_rules.archs.ARCH_FAMILY if package == "sageattention" else sage3_rules().archs.ARCH_KERNEL
 
 
-def planned_codes(v: Variant) -> dict[str, list[str]]:
-    """Extension module -> the device codes its build would compile, for the variant's TORCH_CUDA_ARCH_LIST and its
-    nvcc (the variant's CUDA line; its --list-gpu-arch reduced to that list)."""
+def plan(v: Variant) -> list:
+    """The extensions (build_rules.Extension) the variant's build compiles: its TORCH_CUDA_ARCH_LIST, with the nvcc of
+    its CUDA line (whose --list-gpu-arch is reduced to that list)."""
     arch_list = v.arch_list or v.cuda_arch_list
     version = f"Cuda compilation tools, release {v.cuda}, V{v.cuda}.0"
     listing = "\n".join(f"compute_{a.replace('.', '')}" for a in arch_list.split(";"))
-    rules = build_rules if v.package == "sageattention" else _sage3_rules()
-    return {e.name: codes(e.nvcc_flags) for e in rules.plan(arch_list, version, listing)}
+    rules = build_rules if v.package == "sageattention" else sage3_rules()
+    return rules.plan(arch_list, version, listing)
+
+
+def planned_codes(v: Variant) -> dict[str, list[str]]:
+    """Extension module -> the device codes its build would compile."""
+    return {e.name: codes(e.nvcc_flags) for e in plan(v)}
 
 
 def module_serves(v: Variant, module: str, arch: str) -> bool:
@@ -77,7 +87,7 @@ def served(v: Variant) -> list[str]:
 
 def claimed(v: Variant) -> list[str]:
     """The archs this build must serve: those of archs.py that its nvcc can target, plus any it serves anyway."""
-    targetable = _Facts(VARIANTS_DIR).archs(list(claimable(v.package)), v.cuda)
+    targetable = _toolchain().archs(list(claimable(v.package)), v.cuda)
     serves = served(v)
     return [a for a in claimable(v.package) if a in targetable or a in serves]
 

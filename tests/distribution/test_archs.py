@@ -104,8 +104,7 @@ def test_nvcc_puts_the_planned_sageattn3_targets_in_the_binary(tmp_path):
     v = next(v for v in load("sageattn3").variants if v.platform == "linux-64" and v.cuda == "12.9")
     if tuple(map(int, release.split("."))) < (12, 9):
         pytest.skip(f"nvcc {release} has no sm_121")
-    (extension,) = arch_coverage._sage3_rules().plan(v.cuda_arch_list, f"release {v.cuda}", "\n".join(
-        f"compute_{a.replace('.', '')}" for a in v.cuda_arch_list.split(";")))
+    (extension,) = arch_coverage.plan(v)
     out = tmp_path / "quantize.o"
     subprocess.run([nvcc, "-c", str(ROOT / "sageattention3_blackwell/csrc/quantize.cu"), "-o", str(out),
                     *extension.nvcc_flags], check=True, capture_output=True)
