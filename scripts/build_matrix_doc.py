@@ -7,6 +7,7 @@ from itertools import groupby
 
 from packaging.version import Version
 
+from scripts import arch_coverage
 from scripts.variants import PACKAGES, PLATFORMS, ROOT, VARIANTS_DIR, Matrix, load, read
 
 TARGET = ROOT / "BUILD_MATRIX.md"
@@ -29,8 +30,16 @@ def _rows(m: Matrix, row_set: str) -> list[list[str]]:
         v = group[0]
         conda = f"torch {v.torch_version} + CUDA {v.cuda}" + (" (substitute)" if v.substitute else "")
         out.append([platform, v.requested_torch, v.requested_cuda, conda, ", ".join(g.python for g in group), v.build_tag,
-                    f"`{v.cuda_arch_list}`"])
+                    f"`{v.cuda_arch_list}`", " ".join(arch_coverage.served(v))])
     return out
+
+
+def _unserved(m: Matrix) -> list[str]:
+    """What the package's archs.py lists but a build's device code does not run on (its nvcc cannot target it)."""
+    gaps = {(v.platform, v.cuda): [a for a in arch_coverage.claimable(v.package) if a not in arch_coverage.served(v)]
+            for v in m.variants}
+    return [f"- {platform}, CUDA {cuda}: no compiled kernel for {', '.join(gap)} (nvcc {cuda} cannot target "
+            f"{'it' if len(gap) == 1 else 'them'})" for (platform, cuda), gap in sorted(gaps.items()) if gap]
 
 
 def render() -> str:
@@ -54,12 +63,17 @@ def render() -> str:
                   (f"Import `{v0.import_name}`, recipe `{v0.recipe}`. Wheels: "
                    f"`{package}-{v0.version}-<build tag>-cpXY-cpXY-<platform>.whl`."), "",
                   "### Seed rows", ""]
-        header = ["platform", "torch", "CUDA", "conda build", "Python", "build tag", "TORCH_CUDA_ARCH_LIST"]
+        header = ["platform", "torch", "CUDA", "conda build", "Python", "build tag", "TORCH_CUDA_ARCH_LIST",
+                  "compiled kernels run on"]
         lines += _table(header, _rows(m, "seed"))
         subs = sorted({(v.platform, v.substitute) for v in m.variants if v.substitute and v.row_set == "seed"})
         subs += sorted({(v.platform, f"torch {v.requested_torch}: {v.no_wheel}") for v in m.variants if v.no_wheel})
         lines += [f"- {platform}: {text}" for platform, text in subs] + ([""] if subs else [])
         lines += ["### Current rows", ""] + _table(header, _rows(m, "current"))
+        gaps = _unserved(m)
+        if gaps:
+            lines += [(f"`{v0.import_name}` claims {', '.join(arch_coverage.claimable(package))} "
+                       f"(`archs.py`); these builds lack compiled kernels for some of them:"), "", *gaps, ""]
         if m.unavailable:
             lines += ["Not built (no conda-forge pytorch to build against):", ""]
             lines += [f"- {u.platform}: torch {u.torch} + CUDA {u.cuda} (Python {', '.join(u.python)}): {u.why}"
