@@ -107,7 +107,7 @@ inline Tensor to(const Tensor& t, ScalarType dtype) { return torch::stable::to(t
 // The same bytes read as another dtype of the same size (aten::view.dtype, through the dispatcher).
 inline Tensor view(const Tensor& t, ScalarType dtype) {
   std::array<StableIValue, 2> stack{torch::stable::detail::from(t), torch::stable::detail::from(dtype)};
-  STABLE_TORCH_ERROR_CODE_CHECK(torch_call_dispatcher("aten::view", "dtype", stack.data(), TORCH_ABI_VERSION));
+  TORCH_ERROR_CODE_CHECK(torch_call_dispatcher("aten::view", "dtype", stack.data(), TORCH_ABI_VERSION));
   return torch::stable::detail::to<Tensor>(stack[0]);
 }
 #else
