@@ -104,12 +104,15 @@ inline Tensor narrow(Tensor t, int64_t dim, int64_t start, int64_t length) {
 
 inline Tensor to(const Tensor& t, ScalarType dtype) { return torch::stable::to(t, dtype); }
 
-// The same bytes read as another dtype of the same size (aten::view.dtype, through the dispatcher).
+// The same bytes read as another dtype of the same size (aten::view.dtype, through the dispatcher). torch 2.14's
+// headers have this overload themselves (loading under torch 2.10 and later, like ours).
+#if !(defined(TORCH_VERSION_2_14_0) && TORCH_ABI_VERSION >= TORCH_VERSION_2_14_0)
 inline Tensor view(const Tensor& t, ScalarType dtype) {
   std::array<StableIValue, 2> stack{torch::stable::detail::from(t), torch::stable::detail::from(dtype)};
   TORCH_ERROR_CODE_CHECK(torch_call_dispatcher("aten::view", "dtype", stack.data(), TORCH_ABI_VERSION));
   return torch::stable::detail::to<Tensor>(stack[0]);
 }
+#endif
 #else
 inline Tensor contiguous(const Tensor& t) { return t.contiguous(); }
 using at::matmul;
