@@ -130,13 +130,29 @@ def compile_against_aten(source: Path, *include_dirs: Path) -> None:
     """A binding as the version-specific build compiles it (torch_binding.h's ATen side), against the headers of
     PyPI's newest CUDA torch (C++20, as torch's BuildExtension asks for them): CPU builds of torch lack c10/cuda's
     generated header. Syntax and templates only, no code: seconds."""
+    compile_binding(source, CUDA13_TORCH[-1], [("SAGE_STABLE_ABI", "0")], "-std=c++20", *include_dirs)
+
+
+def compile_stable(source: Path, version: str, *include_dirs: Path) -> None:
+    """A binding as the stable-ABI build compiles it, against the headers of PyPI's torch `version`: each torch's
+    headers move (a macro renamed, an overload added), and the build must work against any torch >= 2.10."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    try:
+        import build_support
+    finally:
+        sys.path.pop(0)
+    compile_binding(source, version, build_support.stable_abi_macros() + [("Py_LIMITED_API", "0x030A0000")],
+                    "-std=c++17", *include_dirs)
+
+
+def compile_binding(source: Path, version: str, macros: list, std: str, *include_dirs: Path) -> None:
     home = cuda_home()
     if home is None or shutil.which("g++") is None:
         pytest.skip("needs g++ and the CUDA toolkit's headers")
-    include = torch_tree(CUDA13_TORCH[-1]) / "torch" / "include"
+    include = torch_tree(version) / "torch" / "include"
     python = subprocess.run([sys.executable, "-c", "import sysconfig; print(sysconfig.get_paths()['include'])"],
                             capture_output=True, text=True, check=True).stdout.strip()
-    run = subprocess.run(["g++", "-std=c++20", "-fsyntax-only", "-w", "-DSAGE_STABLE_ABI=0", f"-I{include}",
+    run = subprocess.run(["g++", std, "-fsyntax-only", "-w", *(f"-D{k}={v}" for k, v in macros), f"-I{include}",
                           f"-I{include}/torch/csrc/api/include", f"-I{home}/include", f"-I{python}",
                           f"-I{Path(__file__).resolve().parents[1] / 'csrc'}", *(f"-I{d}" for d in include_dirs),
                           str(source)], capture_output=True, text=True)

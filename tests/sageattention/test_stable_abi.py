@@ -118,6 +118,13 @@ def test_the_other_families_bindings_compile_against_aten_too(family):
     stable_abi_checks.compile_against_aten(ROOT / "csrc" / family / "bindings.cpp", ROOT / "csrc")
 
 
+@pytest.mark.parametrize("version", stable_abi_checks.CUDA13_TORCH)
+@pytest.mark.parametrize("source", ["csrc/sm90/bindings.cpp", "sageattention3_blackwell/csrc/bindings.cpp"])
+def test_stable_bindings_compile_against_each_torchs_headers(source, version):
+    """Built against the oldest and the newest torch PyPI serves for CUDA 13, not only the installed one."""
+    stable_abi_checks.compile_stable(ROOT / source, version, ROOT / "csrc")
+
+
 @pytest.fixture(scope="session")
 def version_specific(tmp_path_factory) -> Path:
     """The version-specific build of the same family from the same sources, against PyPI's newest CUDA torch (a CPU
