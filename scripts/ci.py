@@ -111,7 +111,12 @@ def write_github_output(values: dict[str, str]) -> None:
 
 def outputs(v: Variant, where: Path) -> tuple[list[Path], list[Path]]:
     """The finished wheels and conda packages under `where` that are builds of `v`."""
-    wheels = [p for p in finished(where, "*.whl") if is_wheel_named(v.wheel, p.name)]
+    # One per file name: the pip index publishes copies of the wheels under its files/ (scripts/index_pages.py).
+    wheels = {}
+    for p in sorted(finished(where, "*.whl"), key=lambda p: "index" in p.relative_to(where).parts):
+        if is_wheel_named(v.wheel, p.name):
+            wheels.setdefault(p.name, p)
+    wheels = list(wheels.values())
     condas = finished(where, f"{v.package}-{v.version}-{v.build_string_prefix}h*.conda")
     return wheels, condas
 

@@ -2,6 +2,7 @@
 import dataclasses
 import json
 import os
+import shutil
 import sys
 
 import pytest
@@ -121,6 +122,16 @@ def test_check_build_finds_the_variants_outputs(tmp_path, capsys):
     assert main(["check-build", "--package", "sageattn3", "--variant", v.name, str(dist)]) == 1
     assert f"expected one wheel named {v.wheel}, found 0" in capsys.readouterr().err
     assert main(["check-build", "--package", "sageattn3", "--variant", "linux-sage3-pytorch99", str(dist)]) == 2
+
+
+def test_check_build_counts_the_index_copy_of_a_wheel_once(tmp_path):
+    """The build driver publishes each wheel again under the pip index's files/ (scripts/index_pages.py)."""
+    v = load("sageattn3").select("default", "linux-64")[0]
+    dist = fake_dist(tmp_path / "dist", [v])
+    (wheel,) = (dist / "wheels").iterdir()
+    (dist / "index" / "files").mkdir(parents=True)
+    shutil.copy(wheel, dist / "index" / "files")
+    assert ci.outputs(v, dist)[0] == [wheel] and ci.build_problems(v, dist) == []
 
 
 def test_check_build_enforces_cuda_12_8_for_sageattn3(tmp_path):
