@@ -44,9 +44,10 @@ class ExportError(RuntimeError):
 
 
 def requirements(depends: list[str], flavour: Flavour, extra: list[str]) -> list[str]:
-    """Requires-Dist lines for conda `depends`; torch is pinned to the build's minor."""
+    """Requires-Dist lines for conda `depends`; torch is pinned to the build's minor (a stable-ABI build: that
+    minor and up)."""
     mapping = pypi_facts()
-    out = [f"torch=={flavour.torch}.*"]
+    out = [f"torch>={flavour.torch}" if flavour.stable else f"torch=={flavour.torch}.*"]
     for dep in depends:
         spec = MatchSpec(dep)
         name = spec.name.normalized
@@ -256,8 +257,8 @@ def _write(out_dir: Path, index: dict, about: dict, flavour: Flavour, version: s
                 whl.write(path, f"{whl.dist_info_path}/licenses/{rel}")
             whl.writestr(f"{whl.dist_info_path}/METADATA",
                          metadata(index, about, flavour, version, list(requires), list(licenses)).as_string())
-            py = flavour.python_tag
-            whl.writestr(f"{whl.dist_info_path}/WHEEL", wheel_info(flavour.build_tag, f"{py}-{py}-{plat}").as_string())
+            whl.writestr(f"{whl.dist_info_path}/WHEEL",
+                         wheel_info(flavour.build_tag, f"{flavour.wheel_tags}-{plat}").as_string())
         partial.chmod(0o644)
         return partial.replace(out_dir / name)
 

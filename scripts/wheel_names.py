@@ -6,22 +6,35 @@ from dataclasses import dataclass
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
+import build_rules
+
 # The optional sm<archs> records a TORCH_CUDA_ARCH_LIST other than the variant's (see arch_tag).
 _ARCHS = r"sm(?P<archs>\d[0-9afptx.]*)"
 _BUILD_STRING = re.compile(
-    rf"^cu(?P<cuda>\d{{3}})torch(?P<torch>\d{{2,3}})py(?P<py>\d{{2,3}})(?:{_ARCHS})?h[0-9a-f]+_\d+$")
-_BUILD_TAG = re.compile(rf"^(?P<torch>\d{{2,3}})0\.(?P<cuda>\d{{3}})(?:\.{_ARCHS})?$")
+    rf"^cu(?P<cuda>\d{{3}})torch(?P<torch>\d{{2,3}})(?P<up>up)?py(?P<py>\d{{2,3}})(?:{_ARCHS})?h[0-9a-f]+_\d+$")
+_BUILD_TAG = re.compile(rf"^(?P<torch>\d{{2,3}})0(?P<up>up)?\.(?P<cuda>\d{{3}})(?:\.{_ARCHS})?$")
+
+
+# The oldest CPython whose limited API the stable-ABI modules are built for.
+STABLE_PYTHON_TAG = build_rules.support.LIMITED_API
 
 
 @dataclass(frozen=True)
 class Flavour:
     """CUDA, torch and Python a package was built for (torch and CUDA as major.minor), and its arch tag: empty for
-    the variant's own arch list, else the other list it was built for (arch_tag), so the names differ too."""
+    the variant's own arch list, else the other list it was built for (arch_tag), so the names differ too.
+    A stable-ABI flavour loads under `torch` and every newer torch: its names say "up" after the torch
+    (docs/building.md, Stable-ABI builds) and its wheel is cp310-abi3 whatever Python built it."""
 
     cuda: str
     torch: str
     python: str
     archs: str = ""
+    stable: bool = False
+
+    @property
+    def _up(self) -> str:
+        return "up" if self.stable else ""
 
     @property
     def _arch_suffix(self) -> str:
@@ -29,7 +42,7 @@ class Flavour:
 
     @property
     def build_tag(self) -> str:
-        return f"{self.torch.replace('.', '')}0.{self.cuda.replace('.', '')}{self._arch_suffix}"
+        return f"{self.torch.replace('.', '')}0{self._up}.{self.cuda.replace('.', '')}{self._arch_suffix}"
 
     @property
     def python_tag(self) -> str:
@@ -39,13 +52,19 @@ class Flavour:
     def build_string_prefix(self) -> str:
         """The conda build string up to its hash, e.g. cu129torch28py312 or cu129torch28py312sm120 (from_build_string
         reads it back)."""
-        return (f"cu{self.cuda.replace('.', '')}torch{self.torch.replace('.', '')}py{self.python.replace('.', '')}"
+        return (f"cu{self.cuda.replace('.', '')}torch{self.torch.replace('.', '')}{self._up}py{self.python.replace('.', '')}"
                 + (f"sm{self.archs}" if self.archs else ""))
 
+    @property
+    def wheel_tags(self) -> str:
+        """The wheel's Python and ABI tags: cp312-cp312, or cp310-abi3 for a stable-ABI build."""
+        return f"{STABLE_PYTHON_TAG}-abi3" if self.stable else f"{self.python_tag}-{self.python_tag}"
+
     def wheel_name(self, name: str, version: str, platform: str) -> str:
-        """PEP 427 filename of this flavour's wheel, e.g. sageattn3-1.0.0-280.129-cp312-cp312-linux_x86_64.whl."""
+        """PEP 427 filename of this flavour's wheel, e.g. sageattn3-1.0.0-280.129-cp312-cp312-linux_x86_64.whl or
+        sageattn3-1.0.0-2100up.130-cp310-abi3-linux_x86_64.whl."""
         dist = canonicalize_name(name).replace("-", "_")
-        return f"{dist}-{version}-{self.build_tag}-{self.python_tag}-{self.python_tag}-{platform}.whl"
+        return f"{dist}-{version}-{self.build_tag}-{self.wheel_tags}-{platform}.whl"
 
     @property
     def index_page(self) -> str:
@@ -90,14 +109,17 @@ def from_build_string(build: str) -> Flavour:
     if not m:
         raise ValueError(f"build string {build!r} does not look like "
                          "cu<CUDA>torch<torch>py<Python>[sm<archs>]h<hash>_<n>")
-    return Flavour(_cuda(m["cuda"]), _torch(m["torch"]), f"{m['py'][0]}.{m['py'][1:]}", m["archs"] or "")
+    return Flavour(_cuda(m["cuda"]), _torch(m["torch"]), f"{m['py'][0]}.{m['py'][1:]}", m["archs"] or "",
+                   stable=bool(m["up"]))
 
 
 def decode_build_tag(tag: str) -> tuple[str, str]:
-    """(torch, CUDA) from a wheel build tag such as 280.129 (or 280.129.sm120, built for other archs)."""
+    """(torch, CUDA) from a wheel build tag such as 280.129 (or 280.129.sm120, built for other archs; 2100up.130 is
+    the stable-ABI build for torch 2.10 and up, whose torch here is its floor)."""
     m = _BUILD_TAG.match(tag)
     if not m:
-        raise ValueError(f"build tag {tag!r} is not <torch major><torch minor>0.<CUDA major><CUDA minor>, e.g. 280.129")
+        raise ValueError(f"build tag {tag!r} is not <torch major><torch minor>0.<CUDA major><CUDA minor>, e.g. 280.129 "
+                         "(2100up.130: torch 2.10 and up)")
     return _torch(m["torch"]), _cuda(m["cuda"])
 
 

@@ -156,23 +156,40 @@ def test_files_outside_site_packages_are_refused(tmp_path):
         site_packages_files(tmp_path, "linux-64", Flavour("12.9", "2.8", PY))
 
 
-def test_windows_package_exports_a_win_amd64_wheel_with_triton_windows(tmp_path):
-    staged = tmp_path / "staged" / "Lib" / "site-packages" / "sageattention"
+def _export_assembled(tmp_path, platform: str, site_packages: str, build: str, depends: list[str]):
+    """A minimal sageattention 2.2.0 conda package for `platform`, exported: (wheel, its METADATA, its WHEEL)."""
+    staged = tmp_path / "staged" / site_packages / "sageattention"
     staged.mkdir(parents=True)
     (staged / "__init__.py").write_text("")
     from rattler_build import assemble_package
-    out = assemble_package(name="sageattention", version="2.2.0", target_platform="win-64",
-                           build_string="cu128torch28py312h0123abc_0", output_dir=tmp_path / "chan",
-                           files_dir=tmp_path / "staged", depends=["python >=3.12,<3.13.0a0", "pytorch * cuda*",
-                                                                   "pytorch >=2.8,<2.9.0a0", "cuda-version >=12.8,<13"],
+    out = assemble_package(name="sageattention", version="2.2.0", target_platform=platform, build_string=build,
+                           output_dir=tmp_path / "chan", files_dir=tmp_path / "staged", depends=depends,
                            license_files=[ROOT / "LICENSE"])
-    wheel = export(out.path, tmp_path / "wheels")
-    assert wheel.name == "sageattention-2.2.0-280.128-cp312-cp312-win_amd64.whl"
+    wheel = export(out.path, tmp_path / "wheels", manylinux=False)
     with zipfile.ZipFile(wheel) as zf:
-        meta = zf.read("sageattention-2.2.0.dist-info/METADATA").decode()
         assert "sageattention/__init__.py" in zf.namelist()
-    requires = [line.split(": ", 1)[1] for line in meta.splitlines() if line.startswith("Requires-Dist")]
-    assert requires == ["torch==2.8.*", "triton-windows==3.4.*"]  # the Triton torch 2.8 pins on Linux
+        return (wheel, *(zf.read(f"sageattention-2.2.0.dist-info/{f}").decode() for f in ("METADATA", "WHEEL")))
+
+
+def _requires(meta: str) -> list[str]:
+    return [line.split(": ", 1)[1] for line in meta.splitlines() if line.startswith("Requires-Dist")]
+
+
+def test_windows_package_exports_a_win_amd64_wheel_with_triton_windows(tmp_path):
+    wheel, meta, _ = _export_assembled(tmp_path, "win-64", "Lib/site-packages", "cu128torch28py312h0123abc_0",
+                                       ["python >=3.12,<3.13.0a0", "pytorch * cuda*", "pytorch >=2.8,<2.9.0a0",
+                                        "cuda-version >=12.8,<13"])
+    assert wheel.name == "sageattention-2.2.0-280.128-cp312-cp312-win_amd64.whl"
+    assert _requires(meta) == ["torch==2.8.*", "triton-windows==3.4.*"]  # the Triton torch 2.8 pins on Linux
+
+
+def test_a_stable_abi_package_exports_an_abi3_wheel_for_torch_and_up(tmp_path):
+    wheel, meta, info = _export_assembled(tmp_path, "linux-64", "lib/python3.12/site-packages",
+                                          "cu130torch210uppy312h0123abc_0",
+                                          ["python >=3.12,<3.13.0a0", "pytorch >=2.10", "cuda-version >=13,<14"])
+    assert wheel.name == "sageattention-2.2.0-2100up.130-cp310-abi3-linux_x86_64.whl"
+    assert _requires(meta) == ["torch>=2.10"]
+    assert "Tag: cp310-abi3-linux_x86_64" in info.splitlines()
 
 
 def test_every_windows_wheel_asks_for_the_triton_its_torch_pairs_with():

@@ -20,6 +20,18 @@ def test_build_tag_round_trips(flavour):
     assert from_build_string(string) == flavour
 
 
+def test_a_stable_abi_build_is_named_torch_and_up():
+    stable = Flavour("13.0", "2.10", "3.12", stable=True)
+    assert stable.build_tag == "2100up.130" and decode_build_tag("2100up.130") == ("2.10", "13.0")
+    assert stable.wheel_name("sageattn3", "1.0.0", "linux_x86_64") == \
+        "sageattn3-1.0.0-2100up.130-cp310-abi3-linux_x86_64.whl"
+    assert from_build_string(f"{stable.build_string_prefix}h0123abc_0") == stable
+    assert stable.build_string_prefix == "cu130torch210uppy312"
+    assert from_build_string("cu130torch210py312h0123abc_0") == Flavour("13.0", "2.10", "3.12")
+    with pytest.raises(ValueError):
+        decode_build_tag("2100.up130")
+
+
 def test_every_matrix_wheel_name_is_pep427_and_decodes():
     for package in PACKAGES:
         for v in load(package).variants:
