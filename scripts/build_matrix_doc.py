@@ -23,15 +23,32 @@ def _rows(m: Matrix, row_set: str) -> list[list[str]]:
     out = []
     chosen = [v for v in m.variants if v.row_set == row_set]
     def key(v):
-        return v.platform, Version(v.requested_torch), Version(v.requested_cuda)
+        return v.platform, v.stable, Version(v.requested_torch), Version(v.requested_cuda)
 
-    for (platform, _, _), group in groupby(sorted(chosen, key=key), key=key):
+    for _, group in groupby(sorted(chosen, key=key), key=key):
         group = list(group)
         v = group[0]
         conda = f"torch {v.torch_version} + CUDA {v.cuda}" + (" (substitute)" if v.substitute else "")
-        out.append([platform, v.requested_torch, v.requested_cuda, conda, ", ".join(g.python for g in group), v.build_tag,
+        out.append([v.platform, _torch_label(v.requested_torch, v.stable), v.requested_cuda, conda, ", ".join(g.python for g in group), v.build_tag,
                     f"`{v.cuda_arch_list}`", " ".join(arch_coverage.served(v))])
     return out
+
+
+def _torch_label(torch: str, stable: bool) -> str:
+    return f"{torch} and up (stable ABI)" if stable else torch
+
+
+def _binaries(m: Matrix, profile: str, platform: str) -> str:
+    """How many builds a profile has on a platform, and how many it would have if the stable-ABI build replaced the
+    version-specific builds it serves (torch from its floor on, same CUDA): "today -> with stable ABI"."""
+    chosen = m.select(profile, platform)
+    floors = {(v.cuda, Version(v.torch)) for v in chosen if v.stable}
+    def served(v):
+        return any(v.cuda == cuda and Version(v.torch) >= floor for cuda, floor in floors)
+
+    before = [v for v in chosen if not v.stable]
+    after = [v for v in chosen if v.stable or not served(v)]
+    return str(len(before)) if not floors else f"{len(before)} → {len(after)}"
 
 
 def _unserved(m: Matrix) -> list[str]:
@@ -55,13 +72,16 @@ def render() -> str:
     lines += _table(["platform", "CUDA builds of pytorch"],
                     [[p, "; ".join(f"CUDA {b['cuda']}: torch {b['torch']}" for b in forge["pytorch_cuda_builds"][p])]
                      for p in PLATFORMS])
-    lines += ["Build tag = torch major, minor, `0`, `.`, CUDA major and minor: `280.129` is torch 2.8 + CUDA 12.9.", ""]
+    lines += ["Build tag = torch major, minor, `0`, `.`, CUDA major and minor: `280.129` is torch 2.8 + CUDA 12.9. "
+              "A stable-ABI build (docs/building.md) adds `up` after the torch it needs at least: `2100up.130` is "
+              "torch 2.10 and up + CUDA 13.0, wheel tags `cp310-abi3` (every CPython from 3.10).", ""]
     for package in PACKAGES:
         m = load(package)
         v0 = m.variants[0]
         lines += [f"## {package} {v0.version}", "",
                   (f"Import `{v0.import_name}`, recipe `{v0.recipe}`. Wheels: "
-                   f"`{package}-{v0.version}-<build tag>-cpXY-cpXY-<platform>.whl`."), "",
+                   f"`{package}-{v0.version}-<build tag>-cpXY-cpXY-<platform>.whl`, stable-ABI builds "
+                   f"`{package}-{v0.version}-<build tag>-cp310-abi3-<platform>.whl`."), "",
                   "### Seed rows", ""]
         header = ["platform", "torch", "CUDA", "conda build", "Python", "build tag", "TORCH_CUDA_ARCH_LIST",
                   "compiled kernels run on"]
@@ -79,12 +99,14 @@ def render() -> str:
             lines += [f"- {u.platform}: torch {u.torch} + CUDA {u.cuda} (Python {', '.join(u.python)}): {u.why}"
                       for u in m.unavailable] + [""]
         lines += ["### Profiles", "",
-                  f"`pixi run build-{v0.short} PROFILE`, `pixi run matrix --package {package} --profile PROFILE`", ""]
+                  f"`pixi run build-{v0.short} PROFILE`, `pixi run matrix --package {package} --profile PROFILE`. "
+                  "Builds per platform; `a → b`: a version-specific builds today, b once the profile's stable-ABI "
+                  "builds replace those they serve (same CUDA, torch from their floor on).", ""]
         lines += _table(["profile", "what", *PLATFORMS],
-                        [[f"`{name}`", spec["description"], *(str(len(m.select(name, p))) for p in PLATFORMS)]
+                        [[f"`{name}`", spec["description"], *(_binaries(m, name, p) for p in PLATFORMS)]
                          for name, spec in m.profiles.items()])
-    tags = sorted({(v.build_tag, v.torch, v.cuda) for p in PACKAGES for v in load(p).variants},
-                  key=lambda t: (int(t[0].split(".")[0]), t[0]))
+    tags = sorted({(v.build_tag, _torch_label(v.torch, v.stable), v.cuda) for p in PACKAGES for v in load(p).variants},
+                  key=lambda t: (int(t[0].split(".")[0].removesuffix("up")), t[0]))
     lines += ["## Build tag decoding", ""] + _table(["build tag", "torch", "CUDA"], [list(t) for t in tags])
     return "\n".join(lines).rstrip() + "\n"
 

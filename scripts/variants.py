@@ -59,6 +59,7 @@ class Variant:
     arch_tag: str = ""  # set by with_arch_list: built for other archs than cuda_arch_list
     arch_list: str = ""  # set by with_arch_list: the caller's TORCH_CUDA_ARCH_LIST
     no_wheel: str | None = None  # why this build is a conda package only (no_wheel_reason)
+    stable: bool = False  # a stable-ABI build: loads under torch_version and every newer torch
 
     def with_arch_list(self, arch_list: str | None) -> Variant:
         """This variant built with TORCH_CUDA_ARCH_LIST=arch_list (None or empty: its own list), and named so."""
@@ -72,11 +73,12 @@ class Variant:
     def name(self) -> str:
         """Target name in the seed documents' style, e.g. linux-sage3-pytorch28-cu129-python312."""
         return (f"{_PLATFORM_WORD[self.platform]}-{self.short}-pytorch{_digits(_minor(self.requested_torch))}"
+                f"{'up' if self.stable else ''}"
                 f"-cu{_digits(_minor(self.requested_cuda))}-python{_digits(self.python)}")
 
     @property
     def flavour(self) -> Flavour:
-        return Flavour(self.cuda, self.torch, self.python, self.arch_tag)
+        return Flavour(self.cuda, self.torch, self.python, self.arch_tag, self.stable)
 
     @property
     def build_tag(self) -> str:
@@ -104,6 +106,9 @@ class Variant:
             # what the build compiles for, and what its build string records of that (wheel_names.arch_tag)
             "cuda_arch_list": self.arch_list or self.cuda_arch_list,
             "arch_tag": f"sm{self.arch_tag}" if self.arch_tag else "",
+            # SAGE_STABLE_ABI for the build (1: stable ABI, 0: version-specific) and what the build string says of it
+            "stable_abi": "1" if self.stable else "0",
+            "torch_up": "up" if self.stable else "",
             "package_version": self.version,
             **{k: v for k, v in self.toolchain.items() if k != "cuda_compiler"},
         }
@@ -121,6 +126,7 @@ class Variant:
             "cuda": self.cuda,
             "requested": {"torch": self.requested_torch, "cuda": self.requested_cuda},
             "substitute": self.substitute,
+            "stable_abi": self.stable,
             "build_tag": self.build_tag,
             "cuda_arch_list": self.cuda_arch_list,
             "recipe": self.recipe,
@@ -176,16 +182,16 @@ class Matrix:
         if spec.get("newest_python"):
             newest: dict[tuple, Variant] = {}
             for v in chosen:
-                key = (v.platform, v.requested_torch, v.requested_cuda)
+                key = (v.platform, v.requested_torch, v.requested_cuda, v.stable)
                 if key not in newest or Version(v.python) > Version(newest[key].python):
                     newest[key] = v
-            chosen = [v for v in chosen if newest[(v.platform, v.requested_torch, v.requested_cuda)] is v]
+            chosen = [v for v in chosen if newest[(v.platform, v.requested_torch, v.requested_cuda, v.stable)] is v]
         return chosen
 
 
 def _matches(v: Variant, sel: dict) -> bool:
     wanted = {"set": v.row_set, "torch": _minor(v.requested_torch),
-              "cuda": _minor(v.requested_cuda), "python": v.python}
+              "cuda": _minor(v.requested_cuda), "python": v.python, "stable_abi": v.stable}
     return all(wanted[k] == val for k, val in sel.items())
 
 
@@ -371,7 +377,8 @@ def _expand(spec: dict, version: str, min_cuda: str | None, facts: _Facts, row_s
                     substitute=substitute, cuda_arch_list=";".join(archs),
                     toolchain=facts.toolchain_for(platform, cuda),
                     wheel_platform=facts.toolchain["platforms"][platform]["wheel_platform"],
-                    no_wheel=no_wheel_reason(platform, _minor(torch), facts.root))
+                    no_wheel=no_wheel_reason(platform, _minor(torch), facts.root),
+                    stable=row.get("stable_abi", False))
             for py in row["python"]]
 
 
@@ -394,7 +401,7 @@ def no_wheel_reason(platform: str, torch: str, root: Path = VARIANTS_DIR) -> str
 def _check_unique(package: str, variants: list[Variant]) -> None:
     seen: dict[tuple, Variant] = {}
     for v in variants:
-        key = (v.platform, v.torch, v.cuda, v.python)
+        key = (v.platform, v.torch, v.cuda, v.python, v.stable)
         if key in seen:
             raise VariantError(f"{package}: {v.name} and {seen[key].name} both build torch {v.torch} + "
                                f"CUDA {v.cuda} + Python {v.python} on {v.platform}; drop or remap one")

@@ -67,6 +67,7 @@ def test_build_strings_encode_cuda_torch_python_and_hash(rendered):
     strings = [out["recipe"]["build"]["string"] for out in rendered.values()]
     assert any(s.startswith("cu129torch28py312h") for s in strings)
     assert any(s.startswith("cu130torch210py314h") for s in strings)
+    assert any(s.startswith("cu130torch210uppy312h") for s in strings)
 
 
 def test_requirements_pin_the_variant(rendered):
@@ -77,7 +78,10 @@ def test_requirements_pin_the_variant(rendered):
         assert req["host"] == ["python", "pip", "setuptools", f"pytorch {v.torch}.*", "pytorch * cuda*",
                                f"cuda-version {v.cuda}.*", *cuda_dev], v.name
         triton = ["triton"] if v.platform.startswith("linux-") else []
-        assert req["run"] == ["python", "pytorch * cuda*", *triton], v.name
+        # A stable-ABI build runs under its torch and every newer one: pytorch's run export (its minor) is dropped.
+        stable = [f"pytorch >={v.torch}"] if v.stable else []
+        assert req["run"] == ["python", "pytorch * cuda*", *stable, *triton], v.name
+        assert req.get("ignore_run_exports", {}).get("by_name", []) == (["pytorch"] if v.stable else []), v.name
         build = req["build"]
         assert f"cuda-nvcc_{v.platform} {v.cuda}.*" in build
         if v.platform.startswith("linux-"):
@@ -103,7 +107,8 @@ def test_the_recipes_render_for_linux_aarch64_with_its_own_toolchain(rendered):
 def test_script_forwards_arch_list_and_jobs(rendered):
     for v, out in rendered.items():
         script = out["recipe"]["build"]["script"]
-        assert script["env"] == {"SAGE_BUILD_CUDA": "1", "TORCH_CUDA_ARCH_LIST": v.cuda_arch_list, "MAX_JOBS": "4"}
+        assert script["env"] == {"SAGE_BUILD_CUDA": "1", "TORCH_CUDA_ARCH_LIST": v.cuda_arch_list, "MAX_JOBS": "4",
+                                 "SAGE_STABLE_ABI": "1" if v.stable else "0"}
         assert script["content"] == "python -m pip install . -vv --no-deps --no-build-isolation"
         assert out["build_configuration"]["variant"]["cuda_arch_list"] == v.cuda_arch_list
 

@@ -4,7 +4,7 @@ import shutil
 import pytest
 import yaml
 
-from scripts.variants import VariantError, load
+from scripts.variants import PACKAGES, VariantError, load
 
 EXTENDED = "8.0;8.6;8.7;8.9;9.0;10.0;10.3;12.0;12.1"
 
@@ -77,9 +77,10 @@ def test_current_rows_cover_torch_29_to_212_where_conda_forge_has_them():
 PROFILE_COUNTS = {
     "sageattention": {"default": 1, "stable": 3, "pytorch26": 4, "pytorch27": 3, "pytorch28": 3, "python39": 1,
                       "python310": 3, "python311": 3, "python312": 3, "sage2-all": 10, "all": 2, "linux": 2,
-                      "current": 34, "current-stable": 7, "pytorch29": 4, "pytorch210": 10, "cu130": 15},
+                      "current": 36, "current-stable": 9, "pytorch29": 4, "pytorch210": 12, "cu130": 16,
+                      "stable-abi": 2},
     "sageattn3": {"default": 1, "stable": 2, "pytorch27": 4, "pytorch28": 4, "python310": 2, "python311": 2,
-                  "python312": 2, "python313": 2, "sage3-all": 8, "current": 34, "pytorch212": 10},
+                  "python312": 2, "python313": 2, "sage3-all": 8, "current": 36, "pytorch212": 10, "stable-abi": 2},
 }
 
 
@@ -87,6 +88,21 @@ PROFILE_COUNTS = {
                          [(p, n, c) for p, counts in PROFILE_COUNTS.items() for n, c in counts.items()])
 def test_profile_sizes_on_linux(package, profile, count):
     assert len(load(package).select(profile, "linux-64")) == count
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_stable_abi_rows_build_once_per_cuda_line_and_platform(package):
+    m = load(package)
+    stable = m.select("stable-abi")
+    assert sorted((v.platform, v.cuda) for v in stable) == [
+        ("linux-64", "12.9"), ("linux-64", "13.0"), ("linux-aarch64", "12.9"), ("linux-aarch64", "13.0"),
+        ("win-64", "12.8")]
+    for v in stable:
+        assert (v.variant_config()["stable_abi"], v.build_tag) == ("1", f"2100up.{v.cuda.replace('.', '')}")
+        assert v.wheel.endswith(f"-cp310-abi3-{v.wheel_platform}.whl") and v.name.split("-")[-3] == "pytorch210up"
+    version_specific = [v for v in m.variants if not v.stable]
+    assert {v.variant_config()["stable_abi"] for v in version_specific} == {"0"}
+    assert len({v.wheel for v in m.variants}) == len(m.variants)
 
 
 def test_named_profiles_pick_the_documented_rows():
