@@ -1,11 +1,11 @@
 """`python -m scripts.wheel_check WHEEL…`: validate exported wheels, then install each in a fresh venv and import it.
 
 Checks: PEP 427 filename; build tag decodes to torch × CUDA (280.129 = torch 2.8 + CUDA 12.9);
-METADATA name/version match the filename and pin torch to that minor; WHEEL tags and Build match
-the filename; RECORD hashes hold; the license files are in dist-info/licenses. Wheels for another
-interpreter or platform are validated but not installed. With --cuda-torch, a CUDA build of the
-wheel's torch is installed first (PyTorch's index for the wheel's CUDA line beside PyPI, e.g.
-https://download.pytorch.org/whl/cu129) and must report that CUDA major: importing the compiled
+METADATA name/version match the filename and require torch of that minor (a stable-ABI build, 2100up.130:
+that minor and up); WHEEL tags and Build match the filename; RECORD hashes hold; the license files are in
+dist-info/licenses. Wheels for another interpreter or platform are validated but not installed. With
+--cuda-torch, a CUDA build of the wheel's torch is installed first (PyTorch's index for the wheel's CUDA line
+beside PyPI, e.g. https://download.pytorch.org/whl/cu129) and must report that CUDA major: importing the compiled
 modules needs no GPU, but it needs torch's CUDA libraries (libc10_cuda), which a CPU torch lacks.
 Exit status: 2 when a wheel is malformed, 1 when a sound wheel does not install or import.
 """
@@ -25,7 +25,7 @@ from rich.table import Table
 from wheel.wheelfile import WheelFile
 
 from scripts.matrix import console
-from scripts.wheel_names import wheel_flavour
+from scripts.wheel_names import wheel_flavour, wheel_torch_requirement
 
 
 TORCH_INDEX = "https://download.pytorch.org/whl/cu{cuda}"  # PyTorch's wheels for one CUDA line, e.g. cu129
@@ -40,7 +40,6 @@ def problems(wheel: Path) -> list[str]:
         return [str(exc)]
     if flavour is None:
         return ["no build tag: expected <torch>0.<CUDA>, e.g. 280.129"]
-    torch, _ = flavour
     found = []
     try:
         with WheelFile(wheel) as whl:
@@ -53,8 +52,9 @@ def problems(wheel: Path) -> list[str]:
         return [f"unreadable wheel: {exc}"]
     if canonicalize_name(meta["Name"]) != name or meta["Version"] != str(version):
         found.append(f"METADATA says {meta['Name']} {meta['Version']}, filename says {name} {version}")
-    if f"torch=={torch}.*" not in (meta.get_all("Requires-Dist") or []):
-        found.append(f"METADATA does not pin torch=={torch}.* as the build tag says")
+    wanted = wheel_torch_requirement(wheel.name)
+    if wanted not in (meta.get_all("Requires-Dist") or []):
+        found.append(f"METADATA does not require {wanted} as the build tag says")
     if {str(t) for t in tags} != set(info.get_all("Tag") or []):
         found.append(f"WHEEL tags {info.get_all('Tag')} differ from the filename's {sorted(map(str, tags))}")
     if info["Build"] != f"{build[0]}{build[1]}":

@@ -47,7 +47,7 @@ def requirements(depends: list[str], flavour: Flavour, extra: list[str]) -> list
     """Requires-Dist lines for conda `depends`; torch is pinned to the build's minor (a stable-ABI build: that
     minor and up)."""
     mapping = pypi_facts()
-    out = [f"torch>={flavour.torch}" if flavour.stable else f"torch=={flavour.torch}.*"]
+    out = [flavour.torch_requirement]
     for dep in depends:
         spec = MatchSpec(dep)
         name = spec.name.normalized

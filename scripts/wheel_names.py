@@ -45,6 +45,11 @@ class Flavour:
         return f"{self.torch.replace('.', '')}0{self._up}.{self.cuda.replace('.', '')}{self._arch_suffix}"
 
     @property
+    def torch_requirement(self) -> str:
+        """The wheel's Requires-Dist on torch: its minor (torch==2.8.*), or that minor and up for a stable-ABI build."""
+        return f"torch>={self.torch}" if self.stable else f"torch=={self.torch}.*"
+
+    @property
     def python_tag(self) -> str:
         return f"cp{self.python.replace('.', '')}"
 
@@ -121,6 +126,16 @@ def decode_build_tag(tag: str) -> tuple[str, str]:
         raise ValueError(f"build tag {tag!r} is not <torch major><torch minor>0.<CUDA major><CUDA minor>, e.g. 280.129 "
                          "(2100up.130: torch 2.10 and up)")
     return _torch(m["torch"]), _cuda(m["cuda"])
+
+
+def wheel_torch_requirement(filename: str) -> str | None:
+    """The Requires-Dist on torch that a wheel's build tag calls for; None when it has no build tag."""
+    _, _, build, _ = parse_wheel_filename(filename)
+    if not build:
+        return None
+    tag = f"{build[0]}{build[1]}"
+    torch, cuda = decode_build_tag(tag)
+    return Flavour(cuda, torch, "", stable=bool(_BUILD_TAG.match(tag)["up"])).torch_requirement
 
 
 def wheel_flavour(filename: str) -> tuple[str, str] | None:

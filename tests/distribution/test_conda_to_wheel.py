@@ -12,6 +12,7 @@ import rattler
 from packaging.utils import parse_wheel_filename
 
 from scripts.wheel_export import ExportError, export, site_packages_files
+from scripts.wheel_check import problems
 from scripts.wheel_names import Flavour
 from scripts.variants import ROOT
 from tests.distribution.helpers import PY, fresh_venv, pip, run_py
@@ -190,6 +191,7 @@ def test_a_stable_abi_package_exports_an_abi3_wheel_for_torch_and_up(tmp_path):
     assert wheel.name == "sageattention-2.2.0-2100up.130-cp310-abi3-linux_x86_64.whl"
     assert _requires(meta) == ["torch>=2.10"]
     assert "Tag: cp310-abi3-linux_x86_64" in info.splitlines()
+    assert problems(wheel) == []
 
 
 def test_every_windows_wheel_asks_for_the_triton_its_torch_pairs_with():

@@ -35,8 +35,10 @@ def test_bad_build_tag_and_mismatched_metadata(wheels, tmp_path):
     assert "is not <torch major><torch minor>0." in problems(odd_tag)[0]
     other_torch = renamed(wheel, tmp_path, wheel.name.replace("280.129", "270.129"))
     found = problems(other_torch)
-    assert any("does not pin torch==2.7.*" in p for p in found)
+    assert any("does not require torch==2.7.*" in p for p in found)
     assert any("WHEEL Build '280.129'" in p for p in found)
+    assert any("does not require torch>=2.8 " in p for p in problems(renamed(wheel, tmp_path, wheel.name.replace(
+        "280.129", "280up.129"))))
 
 
 def test_tampered_file_fails_the_record_check(wheels, tmp_path):
