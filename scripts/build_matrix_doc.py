@@ -39,16 +39,9 @@ def _torch_label(torch: str, stable: bool) -> str:
 
 
 def _binaries(m: Matrix, profile: str, platform: str) -> str:
-    """How many builds a profile has on a platform, and how many it would have if the stable-ABI build replaced the
-    version-specific builds it serves (torch from its floor on, same CUDA): "today -> with stable ABI"."""
-    chosen = m.select(profile, platform)
-    floors = {(v.cuda, Version(v.torch)) for v in chosen if v.stable}
-    def served(v):
-        return any(v.cuda == cuda and Version(v.torch) >= floor for cuda, floor in floors)
-
-    before = [v for v in chosen if not v.stable]
-    after = [v for v in chosen if v.stable or not served(v)]
-    return str(len(before)) if not floors else f"{len(before)} → {len(after)}"
+    """A profile's builds on a platform: "today → with its stable-ABI builds" where it has some (Matrix.binaries)."""
+    before, after = m.binaries(profile, platform)
+    return f"{before} → {after}" if any(v.stable for v in m.select(profile, platform)) else str(before)
 
 
 def _unserved(m: Matrix) -> list[str]:

@@ -25,7 +25,7 @@ def table(variants: list[Variant], title: str) -> Table:
     for v in variants:
         out.add_row(v.name, v.platform, v.torch_version, v.cuda, v.python, v.build_tag,
                     v.cuda_arch_list, "none (conda only)" if v.no_wheel else v.wheel,
-                    "substitute" if v.substitute else "")
+                    ", ".join(filter(None, ("stable ABI" if v.stable else "", "substitute" if v.substitute else ""))))
     return out
 
 
@@ -51,7 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.format == "json":
         print(json.dumps(rows, indent=2))
     else:
-        console().print(table(variants, f"{args.package} · profile {args.profile} · {len(variants)} variants"))
+        before, after = load(args.package).binaries(args.profile, args.platform)
+        console().print(table(variants, f"{args.package} · profile {args.profile} · {len(variants)} variants · "
+                                        f"{before} version-specific builds, {after} with the stable-ABI builds"))
     return 0
 
 

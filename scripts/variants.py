@@ -188,6 +188,16 @@ class Matrix:
             chosen = [v for v in chosen if newest[(v.platform, v.requested_torch, v.requested_cuda, v.stable)] is v]
         return chosen
 
+    def binaries(self, profile: str, platform: str | None = None) -> tuple[int, int]:
+        """(version-specific builds of a profile, its builds once its stable-ABI builds replace the version-specific
+        ones they serve: same CUDA, torch from their floor on)."""
+        chosen = self.select(profile, platform)
+        floors = {(v.platform, v.cuda, Version(v.torch)) for v in chosen if v.stable}
+        def served(v: Variant) -> bool:
+            return any((v.platform, v.cuda) == (p, cuda) and Version(v.torch) >= floor for p, cuda, floor in floors)
+
+        return sum(not v.stable for v in chosen), sum(v.stable or not served(v) for v in chosen)
+
 
 def _matches(v: Variant, sel: dict) -> bool:
     wanted = {"set": v.row_set, "torch": _minor(v.requested_torch),

@@ -103,6 +103,9 @@ def test_stable_abi_rows_build_once_per_cuda_line_and_platform(package):
     version_specific = [v for v in m.variants if not v.stable]
     assert {v.variant_config()["stable_abi"] for v in version_specific} == {"0"}
     assert len({v.wheel for v in m.variants}) == len(m.variants)
+    # Torch 2.9's four Pythons stay version-specific; the two stable builds serve torch 2.10 and up on linux-64.
+    assert m.binaries("current", "linux-64") == (34, 6) and m.binaries("stable-abi", "linux-64") == (0, 2)
+    assert m.binaries("pytorch29", "linux-64") == (4, 4)
 
 
 def test_named_profiles_pick_the_documented_rows():
