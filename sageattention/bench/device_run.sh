@@ -13,7 +13,7 @@
 #        B4 H32 suites with every column, the real-model shapes with first calls, the accuracy table)
 # Time limits, for a machine that takes a run away after a while: PYTEST_LIMIT (seconds) interrupts pytest with SIGINT
 # so that it still names its failures, BENCH_LIMIT each benchmark or profiling step. Unset (the default): no limit.
-# SAGE_BENCH_COMMIT: the commit the results record where the checkout has no .git.
+# SAGE_BENCH_COMMIT: the commit the results record (set it where the tree's .git is not the code's, or absent).
 # The compiled kernels are built in place first (TORCH_CUDA_ARCH_LIST = this GPU; ninja keeps later runs incremental).
 set -o pipefail
 mode=${1:-quick}; shift || true
